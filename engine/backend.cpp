@@ -1,0 +1,25 @@
+#include "engine/backend.h"
+
+#include "model/error.h"
+#include "model/llama_cpu.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace quest {
+
+ModelFolder open_model_folder(const std::filesystem::path& dir) {
+    if (!std::filesystem::is_directory(dir))
+        throw InputError("model folder '" + dir.string() + "' does not exist (expected a Hugging Face Llama folder)");
+    const auto config_file = dir / "config.json";
+    if (!std::filesystem::exists(config_file))
+        throw InputError(config_file.string() + ": missing (expected the model's Hugging Face config.json)");
+    return ModelFolder{dir, load_model_config(config_file)};
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity) {
+    const ModelFiles files(model.dir);
+    auto weights = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(files, model.config));
+    return std::make_unique<CpuLlama>(std::move(weights), quest, capacity);
+}
+
+}  // namespace quest

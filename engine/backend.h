@@ -1,0 +1,53 @@
+#pragma once
+// What the engine loop needs from a model backend (CPU reference or CUDA): prefill a prompt into the KV cache,
+// then decode one token at a time. Logits are fp32 on the host.
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/quest_settings.h"
+#include "model/config.h"
+
+namespace quest {
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual std::string name() const = 0;  // "cpu", "cuda"
+    virtual const ModelConfig& config() const = 0;
+    virtual const QuestSettings& quest() const = 0;
+    virtual int capacity() const = 0;  // tokens the KV cache holds
+    virtual int position() const = 0;  // tokens in the cache now
+
+    // Empties the cache (a new conversation).
+    virtual void reset() = 0;
+    // Runs `tokens` (appended after what the cache holds) with dense causal attention, writing their keys, values
+    // and page metadata. Returns the logits of the last token. When `all_logits` is given it receives the logits of
+    // every token, [tokens][vocab]. Throws ResourceError when the cache would overflow.
+    virtual std::span<const float> prefill(std::span<const int> tokens, std::vector<float>* all_logits = nullptr) = 0;
+    // Appends one token and returns its logits (Quest selection in the Quest layers).
+    virtual std::span<const float> decode(int token) = 0;
+    // Milliseconds the last decode() spent computing (device time for a GPU backend; sampling is not included).
+    virtual double last_decode_ms() const = 0;
+};
+
+}  // namespace quest
+
+#include <filesystem>
+#include <memory>
+
+namespace quest {
+
+// A model folder: config.json, safetensors weights, tokenizer.model.
+struct ModelFolder {
+    std::filesystem::path dir;
+    ModelConfig config;
+    std::filesystem::path tokenizer_file() const { return dir / "tokenizer.model"; }
+};
+// Checks the folder exists and parses its config.json (InputError naming the path otherwise).
+ModelFolder open_model_folder(const std::filesystem::path& dir);
+
+// The CPU reference backend over a folder's weights (read into fp32).
+std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity);
+
+}  // namespace quest

@@ -1,0 +1,52 @@
+#pragma once
+// The CPU backend's paged KV cache and page metadata (fp32), for one sequence.
+//
+// Layout, per layer l and KV head h (the same on the GPU, in FP16):
+//   k[l][h][t][head_dim], v[l][h][t][head_dim]   t < capacity; page p holds tokens [p*S, (p+1)*S)
+//   kmin[l][h][p][head_dim], kmax[l][h][p][head_dim]   per-channel min and max of the post-RoPE keys of page p
+// A KV head's tokens are contiguous, so a page is one contiguous run of S*head_dim values, and the metadata of one
+// KV head is contiguous over pages (what the scoring pass streams).
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace quest {
+
+struct KvCacheShape {
+    int num_layers = 0;
+    int num_kv_heads = 0;
+    int head_dim = 0;
+    int page_size = 16;  // S
+    int capacity = 0;    // tokens (rounded up to whole pages)
+    int pages() const { return (capacity + page_size - 1) / page_size; }
+};
+
+class KvCache {
+public:
+    explicit KvCache(const KvCacheShape& shape);
+    const KvCacheShape& shape() const { return shape_; }
+
+    // Stores the post-RoPE key and the value of token `pos` for every KV head of `layer` (k, v: [num_kv_heads][head_dim])
+    // and folds the key into its page's metadata (O(head_dim) per head).
+    void write(int layer, int pos, const float* k, const float* v);
+
+    const float* keys(int layer, int kv_head) const { return k_.data() + token_offset(layer, kv_head); }
+    const float* values(int layer, int kv_head) const { return v_.data() + token_offset(layer, kv_head); }
+    // Metadata of a layer, all KV heads: [num_kv_heads][pages][head_dim].
+    const float* kmin(int layer) const { return kmin_.data() + meta_offset(layer, 0); }
+    const float* kmax(int layer) const { return kmax_.data() + meta_offset(layer, 0); }
+
+    size_t bytes() const { return (k_.size() + v_.size() + kmin_.size() + kmax_.size()) * sizeof(float); }
+
+private:
+    int64_t token_offset(int layer, int kv_head) const {
+        return (static_cast<int64_t>(layer) * shape_.num_kv_heads + kv_head) * shape_.capacity * shape_.head_dim;
+    }
+    int64_t meta_offset(int layer, int kv_head) const {
+        return (static_cast<int64_t>(layer) * shape_.num_kv_heads + kv_head) * shape_.pages() * shape_.head_dim;
+    }
+    KvCacheShape shape_;
+    std::vector<float> k_, v_, kmin_, kmax_;
+};
+
+}  // namespace quest

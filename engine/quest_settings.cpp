@@ -1,0 +1,79 @@
+#include "engine/quest_settings.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "default_config.h"
+#include "model/error.h"
+
+namespace quest {
+
+void QuestSettings::validate() const {
+    auto bad = [](const std::string& what) { throw InputError("quest settings: " + what); };
+    if (page_size < 1 || page_size > 256 || (page_size & (page_size - 1)) != 0)
+        bad("page_size must be a power of two between 1 and 256, got " + std::to_string(page_size));
+    if (budget < page_size)
+        bad("budget (" + std::to_string(budget) + " tokens) is smaller than one page (" + std::to_string(page_size) +
+            " tokens)");
+    if (dense_layers < 0) bad("dense_layers must be >= 0, got " + std::to_string(dense_layers));
+}
+
+std::string QuestSettings::describe() const {
+    if (full_attention) return "full attention";
+    return "quest B=" + std::to_string(budget) + " S=" + std::to_string(page_size) +
+           " dense_layers=" + std::to_string(dense_layers) + " gqa=" + std::string(gqa_policy_name(gqa_policy));
+}
+
+QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source, const QuestSettings& base) {
+    using nlohmann::json;
+    json j;
+    try {
+        j = json::parse(json_text);
+    } catch (const json::exception& e) {
+        throw InputError(source + ": not valid JSON: " + e.what());
+    }
+    if (!j.is_object()) throw InputError(source + ": expected a JSON object");
+    QuestSettings s = base;
+    for (const auto& [key, value] : j.items()) {
+        auto fail = [&](const std::string& what) { throw InputError(source + ": field '" + key + "': " + what); };
+        auto integer = [&]() {
+            if (!value.is_number_integer()) fail("expected an integer, got " + value.dump());
+            return value.get<int>();
+        };
+        if (key == "budget") s.budget = integer();
+        else if (key == "page_size") s.page_size = integer();
+        else if (key == "dense_layers") s.dense_layers = integer();
+        else if (key == "full_attention") {
+            if (!value.is_boolean()) fail("expected true or false");
+            s.full_attention = value.get<bool>();
+        } else if (key == "gqa_policy") {
+            if (!value.is_string() || !gqa_policy_from_name(value.get<std::string>(), s.gqa_policy))
+                fail("expected one of \"kv-max\", \"kv-sum\", \"per-head\", got " + value.dump());
+        } else if (key.rfind("_", 0) == 0 || key == "description") {
+            // comments
+        } else {
+            fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, full_attention)");
+        }
+    }
+    try {
+        s.validate();
+    } catch (const InputError& e) {
+        throw InputError(source + ": " + e.what());
+    }
+    return s;
+}
+
+QuestSettings load_quest_settings(const std::filesystem::path& file, const QuestSettings& base) {
+    std::ifstream in(file);
+    if (!in) throw InputError(file.string() + ": cannot open the Quest settings file");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return parse_quest_settings(ss.str(), file.string(), base);
+}
+
+QuestSettings default_quest_settings() {
+    return parse_quest_settings(kDefaultQuestConfigJson, "configs/quest-default.json (built in)", QuestSettings{});
+}
+
+}  // namespace quest

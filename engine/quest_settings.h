@@ -1,0 +1,35 @@
+#pragma once
+// Quest settings: token budget B, page size S, the dense layers, the GQA policy, or full attention everywhere.
+// Defaults come from configs/quest-default.json (compiled in); a JSON file with the same keys overrides them and
+// command-line flags override both.
+#include <filesystem>
+#include <string>
+
+#include "kernels/quest.h"
+
+namespace quest {
+
+struct QuestSettings {
+    bool full_attention = false;  // true: every layer attends every token (no page selection)
+    int budget = 2048;            // B: tokens read per step in a Quest layer (a read budget, not a storage cap)
+    int page_size = 16;           // S: tokens per KV page (also the granularity of the page metadata)
+    int dense_layers = 2;         // layers [0, dense_layers) always use full attention
+    GqaPolicy gqa_policy = GqaPolicy::KvMax;
+
+    int page_budget() const { return budget / page_size; }  // K
+    // True when layer `l` runs Quest selection (it may still be dense while the sequence has <= K pages).
+    bool quest_layer(int l) const { return !full_attention && l >= dense_layers; }
+    // Throws InputError naming the setting: page size a power of two in [1, 256], budget >= page size, ...
+    void validate() const;
+    std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
+};
+
+// Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, full_attention); keys that are
+// absent keep the values of `base`. `source` names the file in errors; unknown keys are errors too.
+QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source,
+                                   const QuestSettings& base = {});
+QuestSettings load_quest_settings(const std::filesystem::path& file, const QuestSettings& base = {});
+// The defaults compiled in from configs/quest-default.json.
+QuestSettings default_quest_settings();
+
+}  // namespace quest

@@ -1,0 +1,130 @@
+#include "model/llama_cpu.h"
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/attention.h"
+#include "kernels/basic_ops.h"
+#include "kernels/quest.h"
+#include "model/error.h"
+#include "model/rope.h"
+
+namespace quest {
+
+CpuLlama::CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSettings& quest, int capacity)
+    : w_(std::move(weights)),
+      quest_(quest),
+      cache_(KvCacheShape{w_->config.num_layers, w_->config.num_kv_heads, w_->config.head_dim, quest.page_size,
+                          capacity}) {
+    quest_.validate();
+    logits_.resize(w_->config.vocab_size);
+}
+
+std::span<const float> CpuLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
+    if (tokens.empty()) throw InputError("prefill: no tokens (an empty prompt still holds BOS)");
+    forward(tokens, /*quest_step=*/false, all_logits);
+    return logits_;
+}
+
+std::span<const float> CpuLlama::decode(int token) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int one[] = {token};
+    forward(one, /*quest_step=*/true, nullptr);
+    last_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return logits_;
+}
+
+void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector<float>* all_logits) {
+    const ModelConfig& c = w_->config;
+    const int n = static_cast<int>(tokens.size());
+    if (pos_ + n > capacity())
+        throw ResourceError("context full: " + std::to_string(pos_) + " + " + std::to_string(n) +
+                            " tokens exceed the KV cache capacity of " + std::to_string(capacity()) + " tokens");
+    for (int t : tokens)
+        if (t < 0 || t >= c.vocab_size)
+            throw InputError("token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+
+    const int H = c.hidden_size, D = c.head_dim, NH = c.num_heads, NKV = c.num_kv_heads, F = c.intermediate_size;
+    const int group = c.group_size();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    // Rotary frequencies for this forward pass (dynamic NTK depends on its last position).
+    const RopeFrequencies rope = rope_frequencies(c, pos_ + n);
+
+    std::vector<float> x(static_cast<size_t>(n) * H), xn(x.size()), att_out(static_cast<size_t>(n) * c.q_dim());
+    std::vector<float> q(static_cast<size_t>(n) * c.q_dim()), k(static_cast<size_t>(n) * c.kv_dim()), v(k.size());
+    std::vector<float> proj(x.size()), gate(static_cast<size_t>(n) * F), up(gate.size());
+    for (int t = 0; t < n; ++t) embedding_ref(&x[static_cast<size_t>(t) * H], w_->embed.data(), tokens[t], H);
+
+    selection_.assign(c.num_layers, {});
+    std::vector<std::vector<int>> pages_per_head;
+    for (int l = 0; l < c.num_layers; ++l) {
+        const LayerWeightsF32& L = w_->layers[l];
+        // Attention block.
+        for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.attn_norm.data(), H, eps);
+        matmul_ref(q.data(), L.wq.data(), xn.data(), n, c.q_dim(), H);
+        matmul_ref(k.data(), L.wk.data(), xn.data(), n, c.kv_dim(), H);
+        matmul_ref(v.data(), L.wv.data(), xn.data(), n, c.kv_dim(), H);
+        for (int t = 0; t < n; ++t) {
+            const int pos = pos_ + t;
+            rope_ref(&q[size_t(t) * c.q_dim()], NH, D, pos, rope.inv_freq.data(), rope.attention_scaling);
+            rope_ref(&k[size_t(t) * c.kv_dim()], NKV, D, pos, rope.inv_freq.data(), rope.attention_scaling);
+            cache_.write(l, pos, &k[size_t(t) * c.kv_dim()], &v[size_t(t) * c.kv_dim()]);
+        }
+        const bool select = quest_step && quest_.quest_layer(l);
+        for (int t = 0; t < n; ++t) {
+            const int len = pos_ + t + 1;  // the token attends to itself and everything before it
+            const float* qt = &q[size_t(t) * c.q_dim()];
+            if (select) {
+                QuestSelectArgs a;
+                a.q = qt;
+                a.kmin = cache_.kmin(l);
+                a.kmax = cache_.kmax(l);
+                a.num_heads = NH;
+                a.num_kv_heads = NKV;
+                a.head_dim = D;
+                a.page_capacity = cache_.shape().pages();
+                a.len = len;
+                a.page_size = quest_.page_size;
+                a.page_budget = quest_.page_budget();
+                a.policy = quest_.gqa_policy;
+                quest_select_ref(a, pages_per_head);
+            }
+            for (int h = 0; h < NH; ++h) {
+                const int kvh = h / group;
+                float* out = &att_out[size_t(t) * c.q_dim() + size_t(h) * D];
+                if (select)
+                    attention_pages_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
+                                        quest_.page_size, pages_per_head[h], scale);
+                else
+                    attention_full_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
+                                       scale);
+            }
+            if (select) selection_[l] = pages_per_head;
+        }
+        matmul_ref(proj.data(), L.wo.data(), att_out.data(), n, H, c.q_dim());
+        add_inplace_ref(x.data(), proj.data(), n * H);
+        // MLP block.
+        for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.mlp_norm.data(), H, eps);
+        matmul_ref(gate.data(), L.w_gate.data(), xn.data(), n, F, H);
+        matmul_ref(up.data(), L.w_up.data(), xn.data(), n, F, H);
+        swiglu_ref(gate.data(), gate.data(), up.data(), n * F);
+        matmul_ref(proj.data(), L.w_down.data(), gate.data(), n, H, F);
+        add_inplace_ref(x.data(), proj.data(), n * H);
+    }
+    pos_ += n;
+
+    // Final norm and logits (all tokens only when asked).
+    const int first = all_logits ? 0 : n - 1;
+    const int count = n - first;
+    for (int t = first; t < n; ++t)
+        rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], w_->final_norm.data(), H, eps);
+    std::vector<float> out(static_cast<size_t>(count) * c.vocab_size);
+    matmul_ref(out.data(), w_->output_matrix().data(), &xn[size_t(first) * H], count, c.vocab_size, H);
+    std::copy(out.end() - c.vocab_size, out.end(), logits_.begin());
+    if (all_logits) *all_logits = std::move(out);
+}
+
+}  // namespace quest

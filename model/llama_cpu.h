@@ -1,0 +1,46 @@
+#pragma once
+// The CPU reference backend: a Llama forward pass in fp32, with a paged KV cache, page metadata and Quest page
+// selection in the layers from `dense_layers` on. Plain loops over the ops in kernels/, meant to be obviously
+// right: it is the oracle for the CUDA backend.
+#include <memory>
+
+#include "engine/backend.h"
+#include "engine/kv_cache.h"
+#include "model/weights.h"
+
+namespace quest {
+
+class CpuLlama final : public Backend {
+public:
+    // capacity: tokens the KV cache holds. Settings are validated (InputError).
+    CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSettings& quest, int capacity);
+
+    std::string name() const override { return "cpu"; }
+    const ModelConfig& config() const override { return w_->config; }
+    const QuestSettings& quest() const override { return quest_; }
+    int capacity() const override { return cache_.shape().capacity; }
+    int position() const override { return pos_; }
+    void reset() override { pos_ = 0; }
+    std::span<const float> prefill(std::span<const int> tokens, std::vector<float>* all_logits = nullptr) override;
+    std::span<const float> decode(int token) override;
+    double last_decode_ms() const override { return last_ms_; }
+
+    // Pages each query head attended at the last decode step, [layer][head]; empty for layers that were dense.
+    const std::vector<std::vector<std::vector<int>>>& last_selection() const { return selection_; }
+    const KvCache& cache() const { return cache_; }
+
+private:
+    // Runs `tokens` at positions [pos_, pos_ + n): dense causal attention, or (n == 1 and quest_step) Quest
+    // selection in the Quest layers. Writes the last token's logits to logits_ and, if given, all to all_logits.
+    void forward(std::span<const int> tokens, bool quest_step, std::vector<float>* all_logits);
+
+    std::shared_ptr<const LlamaWeightsF32> w_;
+    QuestSettings quest_;
+    KvCache cache_;
+    int pos_ = 0;
+    double last_ms_ = 0;
+    std::vector<float> logits_;
+    std::vector<std::vector<std::vector<int>>> selection_;
+};
+
+}  // namespace quest

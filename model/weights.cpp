@@ -1,0 +1,65 @@
+#include "model/weights.h"
+
+#include "model/error.h"
+
+namespace quest {
+
+std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
+    using N = LlamaTensorNames;
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, V = c.vocab_size;
+    std::vector<TensorSpec> specs;
+    specs.push_back({N::embed(), {V, h}});
+    for (int l = 0; l < c.num_layers; ++l) {
+        specs.push_back({N::layer(l, "input_layernorm.weight"), {h}});
+        specs.push_back({N::layer(l, "self_attn.q_proj.weight"), {q, h}});
+        specs.push_back({N::layer(l, "self_attn.k_proj.weight"), {kv, h}});
+        specs.push_back({N::layer(l, "self_attn.v_proj.weight"), {kv, h}});
+        specs.push_back({N::layer(l, "self_attn.o_proj.weight"), {h, q}});
+        specs.push_back({N::layer(l, "post_attention_layernorm.weight"), {h}});
+        specs.push_back({N::layer(l, "mlp.gate_proj.weight"), {f, h}});
+        specs.push_back({N::layer(l, "mlp.up_proj.weight"), {f, h}});
+        specs.push_back({N::layer(l, "mlp.down_proj.weight"), {h, f}});
+    }
+    specs.push_back({N::final_norm(), {h}});
+    if (!c.tie_word_embeddings) specs.push_back({N::lm_head(), {V, h}});
+    return specs;
+}
+
+std::vector<float> load_tensor_f32(const ModelFiles& files, const std::string& name, std::span<const int64_t> shape) {
+    const TensorRef t = files.get(name, shape);
+    if (!dtype_is_float(t.info->dtype))
+        throw InputError(t.file->path().string() + ": tensor '" + name + "': dtype mismatch: Expected F32, F16 or BF16, Actual " +
+                         std::string(dtype_name(t.info->dtype)));
+    std::vector<float> out(static_cast<size_t>(t.info->numel()));
+    convert_to_f32(t.info->dtype, t.data(), out.data(), out.size());
+    return out;
+}
+
+LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfig& c) {
+    using N = LlamaTensorNames;
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, V = c.vocab_size;
+    auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+        return load_tensor_f32(files, name, std::span<const int64_t>(shape.begin(), shape.size()));
+    };
+    LlamaWeightsF32 w;
+    w.config = c;
+    w.embed = get(N::embed(), {V, h});
+    w.layers.resize(c.num_layers);
+    for (int l = 0; l < c.num_layers; ++l) {
+        LayerWeightsF32& L = w.layers[l];
+        L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
+        L.wq = get(N::layer(l, "self_attn.q_proj.weight"), {q, h});
+        L.wk = get(N::layer(l, "self_attn.k_proj.weight"), {kv, h});
+        L.wv = get(N::layer(l, "self_attn.v_proj.weight"), {kv, h});
+        L.wo = get(N::layer(l, "self_attn.o_proj.weight"), {h, q});
+        L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
+        L.w_gate = get(N::layer(l, "mlp.gate_proj.weight"), {f, h});
+        L.w_up = get(N::layer(l, "mlp.up_proj.weight"), {f, h});
+        L.w_down = get(N::layer(l, "mlp.down_proj.weight"), {h, f});
+    }
+    w.final_norm = get(N::final_norm(), {h});
+    if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});
+    return w;
+}
+
+}  // namespace quest

@@ -1,0 +1,113 @@
+// The `quest` binary end to end: exit codes and one-line messages for bad input, and the demo model running.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sys/wait.h>
+
+#include "model/config.h"
+#include "model/make_model.h"
+#include "test_util.h"
+
+using namespace quest;
+using ::testing::HasSubstr;
+
+namespace {
+
+struct RunResult {
+    int exit_code;
+    std::string out;  // stdout
+    std::string err;  // stderr
+};
+
+// Runs the quest binary with `args` (a shell-quoted string), capturing stdout and stderr separately.
+RunResult run_quest(const std::string& args) {
+    const auto dir = test::temp_dir("cli_run");
+    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >" + (dir / "out").string() + " 2>" +
+                            (dir / "err").string();
+    const int status = std::system(cmd.c_str());
+    auto slurp = [](const std::filesystem::path& p) {
+        std::ifstream in(p);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
+}
+
+std::filesystem::path small_model(const std::string& name) {
+    const auto dir = test::temp_dir(name);
+    const ModelConfig c = parse_model_config(
+        R"({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256})",
+        "inline");
+    write_random_llama(dir, c, {5, DType::F16});
+    std::filesystem::copy_file(test::source_dir() / "models/demo/tokenizer.model", dir / "tokenizer.model");
+    return dir;
+}
+
+}  // namespace
+
+TEST(Cli, GenerateOnDemoModel) {
+    const RunResult r = run_quest(std::string("generate -m '") + QUEST_DEMO_MODEL +
+                                  "' -p 'Once upon a time' -n 40 --temp 0 --budget 32 --page-size 8");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_FALSE(r.out.empty());
+    EXPECT_THAT(r.err, HasSubstr("decode: 40 tokens generated"));
+    EXPECT_THAT(r.err, HasSubstr("p50"));
+    EXPECT_THAT(r.err, HasSubstr("quest B=32 S=8"));
+}
+
+TEST(Cli, GreedyIsReproducibleAndSeedsToo) {
+    const auto m = small_model("cli_repro");
+    const std::string base = "generate -m '" + m.string() + "' -p 'hello' -n 20 ";
+    EXPECT_EQ(run_quest(base + "--temp 0").out, run_quest(base + "--temp 0").out);
+    EXPECT_EQ(run_quest(base + "--temp 1 --seed 5").out, run_quest(base + "--temp 1 --seed 5").out);
+}
+
+TEST(Cli, TruncatedModelFolderExitsNonZeroNamingTheFile) {
+    const auto m = small_model("cli_trunc");
+    std::filesystem::resize_file(m / "model.safetensors", 1000);
+    const RunResult r = run_quest("generate -m '" + m.string() + "' -p hi -n 4");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("model.safetensors"));
+    EXPECT_THAT(r.err, HasSubstr("error: "));
+}
+
+TEST(Cli, MissingPiecesOfAModelFolder) {
+    const auto m = small_model("cli_missing");
+    std::filesystem::remove(m / "tokenizer.model");
+    RunResult r = run_quest("generate -m '" + m.string() + "' -p hi -n 4");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("tokenizer.model"));
+    r = run_quest("generate -m /nonexistent/model -p hi -n 4");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("/nonexistent/model"));
+    std::filesystem::remove(m / "config.json");
+    r = run_quest("generate -m '" + m.string() + "' -p hi -n 4");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("config.json"));
+}
+
+TEST(Cli, BadFlagsExitTwo) {
+    const auto m = small_model("cli_flags");
+    const std::string base = "generate -m '" + m.string() + "' -p hi -n 4 ";
+    RunResult r = run_quest(base + "--page-size 12");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("page_size must be a power of two"));
+    r = run_quest(base + "--budget 8 --page-size 16");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("smaller than one page"));
+    r = run_quest(base + "--no-such-flag");
+    EXPECT_EQ(r.exit_code, 2);
+    r = run_quest(base + "--temp -1");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("--temp"));
+}
+
+TEST(Cli, EmptyPromptMeansBos) {
+    const auto m = small_model("cli_empty");
+    const RunResult r = run_quest("generate -m '" + m.string() + "' -p '' -n 3 --temp 0");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("prefill: 1 tokens"));
+}

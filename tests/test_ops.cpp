@@ -1,0 +1,139 @@
+// CPU reference ops against independent double-precision formulas, and the fp16/bf16 conversions.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "kernels/attention.h"
+#include "kernels/basic_ops.h"
+#include "model/dtype.h"
+
+using namespace quest;
+
+namespace {
+std::vector<float> rnd(std::mt19937& g, size_t n) {
+    std::normal_distribution<float> d;
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(g);
+    return v;
+}
+double rel_err(const std::vector<float>& a, const std::vector<double>& b) {
+    double num = 0, den = 0;
+    for (size_t i = 0; i < a.size(); ++i) {
+        num += (a[i] - b[i]) * (a[i] - b[i]);
+        den += b[i] * b[i];
+    }
+    return std::sqrt(num / den);
+}
+}  // namespace
+
+TEST(Ops, RmsNorm) {
+    std::mt19937 g(1);
+    for (int n : {1, 7, 64, 4096}) {
+        auto x = rnd(g, n), w = rnd(g, n);
+        std::vector<float> out(n);
+        rms_norm_ref(out.data(), x.data(), w.data(), n, 1e-5f);
+        double ss = 0;
+        for (float v : x) ss += double(v) * v;
+        std::vector<double> want(n);
+        for (int i = 0; i < n; ++i) want[i] = x[i] / std::sqrt(ss / n + 1e-5) * w[i];
+        EXPECT_LT(rel_err(out, want), 1e-6) << n;
+    }
+}
+
+TEST(Ops, MatmulMatchesMatvecAndDouble) {
+    std::mt19937 g(2);
+    const int rows = 37, cols = 129, tokens = 5;
+    auto W = rnd(g, rows * cols), X = rnd(g, tokens * cols);
+    std::vector<float> Y(tokens * rows);
+    matmul_ref(Y.data(), W.data(), X.data(), tokens, rows, cols, 3);
+    std::vector<double> want(tokens * rows);
+    for (int t = 0; t < tokens; ++t)
+        for (int r = 0; r < rows; ++r) {
+            double acc = 0;
+            for (int c = 0; c < cols; ++c) acc += double(W[r * cols + c]) * X[t * cols + c];
+            want[t * rows + r] = acc;
+        }
+    EXPECT_LT(rel_err(Y, want), 1e-6);
+    std::vector<float> y1(rows);
+    matvec_ref(y1.data(), W.data(), X.data() + 2 * cols, rows, cols);
+    for (int r = 0; r < rows; ++r) EXPECT_EQ(y1[r], Y[2 * rows + r]);
+}
+
+TEST(Ops, RopeRotatesPairsHalfApart) {
+    std::mt19937 g(3);
+    const int heads = 3, d = 16, pos = 1234;
+    auto x = rnd(g, heads * d);
+    std::vector<float> inv(d / 2);
+    for (int i = 0; i < d / 2; ++i) inv[i] = 1.0f / std::pow(10000.0f, 2.0f * i / d);
+    auto y = x;
+    rope_ref(y.data(), heads, d, pos, inv.data(), 1.5f);
+    std::vector<double> want(heads * d);
+    for (int h = 0; h < heads; ++h)
+        for (int i = 0; i < d / 2; ++i) {
+            const double a = double(float(pos) * inv[i]);
+            const double c = std::cos(a) * 1.5, s = std::sin(a) * 1.5;
+            const double x1 = x[h * d + i], x2 = x[h * d + i + d / 2];
+            want[h * d + i] = x1 * c - x2 * s;
+            want[h * d + i + d / 2] = x2 * c + x1 * s;
+        }
+    EXPECT_LT(rel_err(y, want), 1e-6);
+}
+
+TEST(Ops, Swiglu) {
+    std::mt19937 g(4);
+    auto a = rnd(g, 100), b = rnd(g, 100);
+    std::vector<float> out(100);
+    swiglu_ref(out.data(), a.data(), b.data(), 100);
+    std::vector<double> want(100);
+    for (int i = 0; i < 100; ++i) want[i] = a[i] / (1.0 + std::exp(-double(a[i]))) * b[i];
+    EXPECT_LT(rel_err(out, want), 1e-6);
+}
+
+TEST(Ops, AttentionAgainstDoubleSoftmax) {
+    std::mt19937 g(5);
+    for (int len : {1, 2, 17, 300}) {
+        const int d = 64;
+        auto q = rnd(g, d), k = rnd(g, len * d), v = rnd(g, len * d);
+        std::vector<float> out(d);
+        attention_full_ref(out.data(), q.data(), k.data(), v.data(), d, len, 0.125f);
+        std::vector<double> s(len), want(d, 0.0);
+        double mx = -1e30, den = 0;
+        for (int t = 0; t < len; ++t) {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) dot += double(q[i]) * k[t * d + i];
+            s[t] = dot * 0.125;
+            mx = std::max(mx, s[t]);
+        }
+        for (double& x : s) den += (x = std::exp(x - mx));
+        for (int t = 0; t < len; ++t)
+            for (int i = 0; i < d; ++i) want[i] += s[t] / den * v[t * d + i];
+        EXPECT_LT(rel_err(out, want), 1e-5) << len;
+        // Page mass sums to one and matches the weights.
+        std::vector<float> mass((len + 15) / 16);
+        attention_page_mass_ref(mass.data(), q.data(), k.data(), d, len, 16, 0.125f);
+        double total = 0;
+        for (float m : mass) total += m;
+        EXPECT_NEAR(total, 1.0, 1e-5);
+        EXPECT_NEAR(mass[0], [&] { double m = 0; for (int t = 0; t < std::min(16, len); ++t) m += s[t] / den; return m; }(), 1e-5);
+    }
+}
+
+TEST(DType, HalfConversionsRoundTripEveryHalf) {
+    for (uint32_t h = 0; h < 0x10000; ++h) {
+        const float f = half_to_float(uint16_t(h));
+        if (std::isnan(f)) {
+            EXPECT_TRUE(std::isnan(half_to_float(float_to_half(f))));
+            continue;
+        }
+        EXPECT_EQ(float_to_half(f), h) << std::hex << h;
+    }
+    EXPECT_EQ(half_to_float(0x3c00), 1.0f);
+    EXPECT_EQ(half_to_float(0x0001), std::ldexp(1.0f, -24));  // smallest subnormal
+    EXPECT_EQ(float_to_half(65504.0f), 0x7bff);
+    EXPECT_EQ(float_to_half(65520.0f), 0x7c00);               // rounds to inf
+    EXPECT_EQ(float_to_half(1.0f + std::ldexp(1.0f, -11)), 0x3c00);  // tie to even
+    EXPECT_EQ(float_to_bf16(1.0f), 0x3f80);
+    EXPECT_EQ(bf16_to_float(0x3f80), 1.0f);
+    EXPECT_EQ(float_to_bf16(bf16_to_float(0x4049)), 0x4049);
+}

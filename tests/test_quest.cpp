@@ -1,0 +1,199 @@
+// Quest page selection on random inputs: the bound is a bound, the selection is the brute-force ranking, the last
+// page is always attended, and a budget covering the context reproduces full attention exactly.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <set>
+
+#include "engine/kv_cache.h"
+#include "engine/quest_settings.h"
+#include "kernels/attention.h"
+#include "kernels/quest.h"
+#include "model/error.h"
+
+using namespace quest;
+
+namespace {
+
+std::vector<float> random_vec(std::mt19937& rng, size_t n, float scale = 1.0f) {
+    std::normal_distribution<float> d(0.0f, scale);
+    std::vector<float> v(n);
+    for (float& x : v) x = d(rng);
+    return v;
+}
+
+// A KV cache for one layer filled with random keys (metadata through KvCache::write).
+struct RandomLayer {
+    int kv_heads, head_dim, page_size, len;
+    KvCache cache;
+    RandomLayer(std::mt19937& rng, int kv_heads_, int head_dim_, int page_size_, int len_)
+        : kv_heads(kv_heads_), head_dim(head_dim_), page_size(page_size_), len(len_),
+          cache(KvCacheShape{1, kv_heads_, head_dim_, page_size_, len_}) {
+        for (int t = 0; t < len; ++t) {
+            // Keys with a per-token offset so pages differ in more than noise.
+            auto k = random_vec(rng, size_t(kv_heads) * head_dim);
+            const float shift = std::sin(0.37f * t) * 2.0f;
+            for (float& x : k) x += shift;
+            auto v = random_vec(rng, size_t(kv_heads) * head_dim);
+            cache.write(0, t, k.data(), v.data());
+        }
+    }
+};
+
+}  // namespace
+
+TEST(Quest, MetadataIsPerPageMinMax) {
+    std::mt19937 rng(1);
+    RandomLayer L(rng, 2, 16, 8, 45);
+    const int pages = L.cache.shape().pages();
+    for (int h = 0; h < 2; ++h)
+        for (int p = 0; p < (45 + 7) / 8; ++p)
+            for (int i = 0; i < 16; ++i) {
+                float mn = INFINITY, mx = -INFINITY;
+                for (int t = p * 8; t < std::min(45, (p + 1) * 8); ++t) {
+                    mn = std::min(mn, L.cache.keys(0, h)[t * 16 + i]);
+                    mx = std::max(mx, L.cache.keys(0, h)[t * 16 + i]);
+                }
+                EXPECT_EQ(L.cache.kmin(0)[(h * pages + p) * 16 + i], mn);
+                EXPECT_EQ(L.cache.kmax(0)[(h * pages + p) * 16 + i], mx);
+            }
+}
+
+TEST(Quest, UpperBoundHoldsForEveryKey) {
+    std::mt19937 rng(2);
+    for (int trial = 0; trial < 20; ++trial) {
+        const int d = trial % 2 ? 64 : 128, S = 1 << (2 + trial % 4), len = 50 + trial * 13;
+        RandomLayer L(rng, 1, d, S, len);
+        const int pages = (len + S - 1) / S;
+        const auto q = random_vec(rng, d, 2.0f);
+        std::vector<float> u(pages);
+        page_scores_ref(u.data(), q.data(), L.cache.kmin(0), L.cache.kmax(0), pages, d);
+        for (int t = 0; t < len; ++t) {
+            double dot = 0;
+            for (int i = 0; i < d; ++i) dot += double(q[i]) * L.cache.keys(0, 0)[t * d + i];
+            // fp32 rounding of the two sums: allow a relative slack far below the typical gap.
+            EXPECT_GE(u[t / S] + 1e-4f * (std::abs(u[t / S]) + 1.0f), dot) << "token " << t << " page " << t / S;
+        }
+    }
+}
+
+TEST(Quest, TopKIsBruteForceRanking) {
+    std::mt19937 rng(3);
+    for (int trial = 0; trial < 200; ++trial) {
+        const int n = 1 + trial % 97;
+        std::vector<float> s(n);
+        std::uniform_int_distribution<int> small(0, 5);  // many ties
+        for (float& x : s) x = trial % 2 ? float(small(rng)) : random_vec(rng, 1)[0];
+        const int k = trial % 13;
+        const std::vector<int> got = top_k_ref(s, k);
+        // Brute force: an index is in the top-k iff fewer than k indices beat it (higher score, or equal and lower).
+        std::vector<int> want;
+        for (int i = 0; i < n; ++i) {
+            int better = 0;
+            for (int j = 0; j < n; ++j) better += s[j] > s[i] || (s[j] == s[i] && j < i);
+            if (better < k) want.push_back(i);
+        }
+        EXPECT_EQ(got, want) << "n=" << n << " k=" << k;
+    }
+}
+
+TEST(Quest, SelectionMatchesRankingAndKeepsLastPage) {
+    std::mt19937 rng(4);
+    for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
+        for (int trial = 0; trial < 30; ++trial) {
+            const int kvh = 1 + trial % 3, group = 1 << (trial % 3), nh = kvh * group, d = 32;
+            const int S = 4 << (trial % 3), len = 1 + (trial * 37) % 300, K = 1 + trial % 9;
+            RandomLayer L(rng, kvh, d, S, len);
+            const auto q = random_vec(rng, size_t(nh) * d);
+            QuestSelectArgs a{q.data(), L.cache.kmin(0), L.cache.kmax(0), nh, kvh, d, L.cache.shape().pages(),
+                              len, S, K, policy};
+            std::vector<std::vector<int>> sel;
+            quest_select_ref(a, sel);
+            const int P = (len + S - 1) / S;
+            ASSERT_EQ(int(sel.size()), nh);
+            for (int h = 0; h < nh; ++h) {
+                const auto& pages = sel[h];
+                ASSERT_FALSE(pages.empty());
+                EXPECT_EQ(pages.back(), P - 1) << "the last page is always attended";
+                EXPECT_TRUE(std::is_sorted(pages.begin(), pages.end()));
+                if (P <= K) {
+                    EXPECT_EQ(int(pages.size()), P) << "dense when the sequence has <= K pages";
+                    continue;
+                }
+                EXPECT_EQ(int(pages.size()), K);
+                // Brute force: the group's aggregated score of each complete page, ranked.
+                const int kv = h / group;
+                std::vector<float> agg(P - 1);
+                for (int p = 0; p < P - 1; ++p) {
+                    float best = -INFINITY, sum = 0;
+                    for (int g = 0; g < group; ++g) {
+                        const int hh = policy == GqaPolicy::PerHead ? h : kv * group + g;
+                        float u = 0;
+                        const float* mn = L.cache.kmin(0) + (size_t(kv) * L.cache.shape().pages() + p) * d;
+                        const float* mx = L.cache.kmax(0) + (size_t(kv) * L.cache.shape().pages() + p) * d;
+                        for (int i = 0; i < d; ++i) u += std::max(q[hh * d + i] * mn[i], q[hh * d + i] * mx[i]);
+                        best = std::max(best, u);
+                        sum += u;
+                        if (policy == GqaPolicy::PerHead) break;
+                    }
+                    agg[p] = policy == GqaPolicy::KvSum ? sum : best;
+                }
+                std::vector<int> order(P - 1);
+                for (int p = 0; p < P - 1; ++p) order[p] = p;
+                std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return agg[x] > agg[y]; });
+                std::set<int> want(order.begin(), order.begin() + (K - 1));
+                std::set<int> got(pages.begin(), pages.end() - 1);
+                EXPECT_EQ(got, want) << gqa_policy_name(policy) << " trial " << trial << " head " << h;
+            }
+        }
+    }
+}
+
+TEST(Quest, KvPoliciesShareOnePageSetPerGroup) {
+    std::mt19937 rng(5);
+    RandomLayer L(rng, 2, 16, 4, 200);
+    const auto q = random_vec(rng, 8 * 16);
+    for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum}) {
+        QuestSelectArgs a{q.data(), L.cache.kmin(0), L.cache.kmax(0), 8, 2, 16, L.cache.shape().pages(), 200, 4, 6,
+                          policy};
+        std::vector<std::vector<int>> sel;
+        quest_select_ref(a, sel);
+        for (int h = 1; h < 4; ++h) EXPECT_EQ(sel[h], sel[0]);
+        for (int h = 5; h < 8; ++h) EXPECT_EQ(sel[h], sel[4]);
+    }
+}
+
+TEST(Quest, AllPagesGiveExactlyFullAttention) {
+    std::mt19937 rng(6);
+    RandomLayer L(rng, 1, 64, 16, 123);
+    const auto q = random_vec(rng, 64);
+    std::vector<int> all;
+    for (int p = 0; p < 8; ++p) all.push_back(p);
+    std::vector<float> a(64), b(64);
+    attention_pages_ref(a.data(), q.data(), L.cache.keys(0, 0), L.cache.values(0, 0), 64, 123, 16, all, 0.125f);
+    attention_full_ref(b.data(), q.data(), L.cache.keys(0, 0), L.cache.values(0, 0), 64, 123, 0.125f);
+    EXPECT_EQ(a, b);  // bit for bit
+}
+
+TEST(Quest, SettingsValidation) {
+    QuestSettings s;
+    EXPECT_NO_THROW(s.validate());
+    s.page_size = 12;
+    EXPECT_THROW(s.validate(), InputError);
+    s.page_size = 16;
+    s.budget = 8;
+    EXPECT_THROW(s.validate(), InputError);
+    const QuestSettings d = default_quest_settings();
+    EXPECT_EQ(d.budget, 2048);
+    EXPECT_EQ(d.page_size, 16);
+    EXPECT_EQ(d.dense_layers, 2);
+    EXPECT_EQ(d.gqa_policy, GqaPolicy::KvMax);
+    const QuestSettings o = parse_quest_settings(R"({"budget": 64, "gqa_policy": "per-head"})", "t.json", d);
+    EXPECT_EQ(o.budget, 64);
+    EXPECT_EQ(o.page_size, 16);
+    EXPECT_EQ(o.gqa_policy, GqaPolicy::PerHead);
+    EXPECT_THROW(parse_quest_settings(R"({"budgett": 64})", "t.json", d), InputError);
+    EXPECT_THROW(parse_quest_settings(R"({"gqa_policy": "mean"})", "t.json", d), InputError);
+}
