@@ -29,6 +29,8 @@ public:
     virtual std::span<const float> decode(int token) = 0;
     // Milliseconds the last decode() spent computing (device time for a GPU backend; sampling is not included).
     virtual double last_decode_ms() const = 0;
+    // Device memory the backend holds (0 for the CPU backend).
+    virtual size_t device_memory_bytes() const { return 0; }
 };
 
 }  // namespace quest

@@ -1,6 +1,7 @@
 #include "engine/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <atomic>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -9,7 +10,13 @@
 #include <spdlog/spdlog.h>
 #include <sstream>
 
+#include <csignal>
+#include <unistd.h>
+
 #include "engine/backend.h"
+#include "engine/backend_factory.h"
+#include "engine/bench.h"
+#include "engine/chat.h"
 #include "engine/generate.h"
 #include "engine/quest_settings.h"
 #include "engine/sampler.h"
@@ -32,10 +39,12 @@ struct ModelFlags {
     std::optional<int> budget, page_size, dense_layers;
     std::optional<std::string> gqa_policy;
     bool full_attention = false;
+    bool no_graph = false;
 
-    void add(CLI::App& app) {
-        app.add_option("-m,--model", model_dir, "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)")
-            ->required();
+    void add(CLI::App& app, bool model_required = true) {
+        auto* m = app.add_option("-m,--model", model_dir,
+                                 "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)");
+        if (model_required) m->required();
         app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
         app.add_option("-c,--context", context, "KV cache capacity in tokens (default: prompt + new tokens)");
         app.add_option("--quest-config", quest_config, "JSON file with Quest settings (see configs/)");
@@ -44,6 +53,16 @@ struct ModelFlags {
         app.add_option("--dense-layers", dense_layers, "layers that always use full attention");
         app.add_option("--gqa-policy", gqa_policy, "page selection for grouped heads: kv-max, kv-sum, per-head");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
+        app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
+    }
+
+    BackendOptions backend_options(int capacity) const {
+        BackendOptions o;
+        o.kind = backend;
+        o.capacity = capacity;
+        o.quest = quest_settings();
+        o.cuda_graph = !no_graph;
+        return o;
     }
 
     QuestSettings quest_settings() const {
@@ -59,13 +78,6 @@ struct ModelFlags {
         return s;
     }
 };
-
-std::unique_ptr<Backend> make_backend(const ModelFlags& f, const ModelFolder& model, const QuestSettings& q,
-                                      int capacity) {
-    if (f.backend == "cpu") return make_cpu_backend(model, q, capacity);
-    throw InputError("--backend cuda: this build has no CUDA backend (configure with -DQUEST_CUDA=ON on a machine "
-                     "with nvcc)");
-}
 
 std::string read_file(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
@@ -106,7 +118,7 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
     if (!seed_given) ss.seed = std::random_device{}();
 
     Stopwatch load;
-    auto backend = make_backend(mf, model, q, capacity);
+    auto backend = create_backend(model, mf.backend_options(capacity));
     spdlog::info("loaded {} ({} layers, {} heads / {} KV heads, head_dim {}) on {} in {:.0f} ms; {}; seed {}",
                  mf.model_dir, model.config.num_layers, model.config.num_heads, model.config.num_kv_heads,
                  model.config.head_dim, backend->name(), load.ms(), q.describe(), ss.seed);
@@ -127,6 +139,147 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
     if (r.stop_reason == "context_full")
         spdlog::warn("stopped: the context is full ({} tokens); raise it with -c", backend->capacity());
     print_summary(r, *backend);
+    return 0;
+}
+
+std::vector<int> parse_int_list(const std::string& s, const std::string& flag, bool allow_full) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (allow_full && item == "full") {
+            out.push_back(0);
+            continue;
+        }
+        try {
+            size_t used = 0;
+            const int v = std::stoi(item, &used);
+            if (used != item.size() || v < 1) throw std::invalid_argument(item);
+            out.push_back(v);
+        } catch (const std::exception&) {
+            throw InputError(flag + ": expected a comma-separated list of positive integers" +
+                             std::string(allow_full ? " or 'full'" : "") + ", got '" + item + "'");
+        }
+    }
+    if (out.empty()) throw InputError(flag + ": empty list");
+    return out;
+}
+
+struct BenchFlags {
+    bool random_weights = false;
+    std::string contexts = "4096", budgets = "full,2048";
+    int steps = 64, warmup = 8;
+    uint64_t seed = 1;
+    std::string json, csv;
+};
+
+int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
+    BenchRequest r;
+    r.model = mf.model_dir;
+    r.random_weights = bf.random_weights;
+    r.backend = mf.backend_options(0);
+    r.contexts = parse_int_list(bf.contexts, "--contexts", false);
+    r.budgets = parse_int_list(bf.budgets, "--budgets", true);
+    r.steps = bf.steps;
+    r.warmup = bf.warmup;
+    r.seed = bf.seed;
+    const auto rows = run_bench(r, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
+    std::fputs(bench_table(rows).c_str(), stdout);
+    auto write = [](const std::string& path, const std::string& text) {
+        if (path.empty()) return;
+        std::ofstream out(path);
+        if (!out) throw InputError(path + ": cannot write");
+        out << text;
+    };
+    write(bf.json, bench_json(rows));
+    write(bf.csv, bench_csv(rows));
+    return 0;
+}
+
+// Ctrl-C: the first press stops the current answer (chat) or generation; the handler only sets this flag.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+void install_sigint() {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocked read returns so the REPL sees the interrupt
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+struct ChatFlags {
+    int max_tokens = 512;
+    std::string system, format = "auto";
+    SamplerSettings sampling;
+    bool seed_given = false;
+};
+
+int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
+    const ModelFolder model = open_model_folder(mf.model_dir);
+    const Tokenizer tok(model.tokenizer_file());
+    const int capacity = mf.context > 0 ? mf.context : model.config.max_context();
+    if (capacity > model.config.max_context())
+        throw InputError("-c " + std::to_string(capacity) + " exceeds the model's maximum context of " +
+                         std::to_string(model.config.max_context()) + " tokens");
+    ChatFormat format = detect_chat_format(model.dir);
+    if (cf.format == "llama2") format = ChatFormat::Llama2;
+    else if (cf.format == "plain") format = ChatFormat::Plain;
+    else if (cf.format != "auto") throw InputError("--format: expected auto, llama2 or plain, got '" + cf.format + "'");
+    if (!cf.seed_given) cf.sampling.seed = std::random_device{}();
+    auto backend = create_backend(model, mf.backend_options(capacity));
+    Sampler sampler(cf.sampling);
+    ChatSession chat(*backend, tok, sampler, format, cf.system);
+    const bool tty = isatty(STDIN_FILENO);
+    spdlog::info("chat with {} on {} ({} format, context {} tokens, {}); /reset, /stats, Ctrl-D to quit",
+                 mf.model_dir, backend->name(), format == ChatFormat::Llama2 ? "Llama-2 chat" : "plain continuation",
+                 backend->capacity(), backend->quest().describe());
+    install_sigint();
+    std::string line;
+    while (true) {
+        if (tty) {
+            std::fputs("> ", stdout);
+            std::fflush(stdout);
+        }
+        g_interrupted.store(false);
+        if (!std::getline(std::cin, line)) {
+            if (g_interrupted.load() && tty) {  // Ctrl-C at the prompt: a fresh prompt
+                std::cin.clear();
+                std::fputc('\n', stdout);
+                continue;
+            }
+            break;  // Ctrl-D or end of the piped input
+        }
+        if (line == "/quit" || line == "/exit") break;
+        if (line == "/reset") {
+            chat.reset();
+            std::fprintf(stderr, "(conversation reset)\n");
+            continue;
+        }
+        if (line == "/stats") {
+            const GenerateResult& r = chat.last();
+            const LatencyStats s = summarize_latency(r.decode_ms);
+            std::fprintf(stderr, "last answer: prefill %d tokens in %.2f ms; %zu tokens, decode p50 %.3f ms/token, "
+                                 "p90 %.3f; context %d/%d\n",
+                         r.prompt_tokens, r.prefill_ms, r.tokens.size(), s.p50, s.p90, backend->position(),
+                         backend->capacity());
+            continue;
+        }
+        if (line.empty()) continue;
+        try {
+            const GenerateResult r = chat.answer(line, cf.max_tokens, [](const std::string& text) {
+                std::fwrite(text.data(), 1, text.size(), stdout);
+                std::fflush(stdout);
+            }, &g_interrupted);
+            std::fputc('\n', stdout);
+            std::fflush(stdout);
+            if (r.stop_reason == "stopped") std::fprintf(stderr, "(stopped)\n");
+            if (r.stop_reason == "context_full")
+                std::fprintf(stderr, "(the context is full: /reset to start a new conversation)\n");
+        } catch (const ResourceError& e) {
+            std::fprintf(stderr, "error: %s\n", e.what());
+        }
+    }
     return 0;
 }
 
@@ -188,6 +341,36 @@ int run_cli(int argc, char** argv) {
     mm->add_option("--seed", mm_seed, "weight seed")->capture_default_str();
     mm->add_option("--dtype", mm_dtype, "f32, f16 or bf16")->capture_default_str();
 
+    // bench
+    ModelFlags bench_flags;
+    BenchFlags bf;
+    auto* bench = app.add_subcommand("bench", "Decode latency over contexts x budgets (table on stdout, JSON/CSV files)");
+    bench_flags.add(*bench);
+    bench->add_flag("--random-weights", bf.random_weights,
+                    "-m names a config.json (or a folder's config): weights are random, generated on the device");
+    bench->add_option("--contexts", bf.contexts, "comma-separated context lengths")->capture_default_str();
+    bench->add_option("--budgets", bf.budgets, "comma-separated Quest budgets, 'full' for full attention")
+        ->capture_default_str();
+    bench->add_option("--steps", bf.steps, "timed decode steps per row")->capture_default_str();
+    bench->add_option("--warmup", bf.warmup, "untimed decode steps before timing")->capture_default_str();
+    bench->add_option("--seed", bf.seed, "seed of the random prompt and weights")->capture_default_str();
+    bench->add_option("--json", bf.json, "write the rows as JSON");
+    bench->add_option("--csv", bf.csv, "write the rows as CSV");
+
+    // chat
+    ModelFlags chat_flags;
+    ChatFlags cf;
+    auto* chat = app.add_subcommand("chat", "Interactive chat (Llama-2 [INST] format for chat models, plain "
+                                            "continuation for base models); one prompt per line when piped");
+    chat_flags.add(*chat);
+    chat->add_option("-n,--max-tokens", cf.max_tokens, "longest answer in tokens")->capture_default_str();
+    chat->add_option("--system", cf.system, "system prompt (chat models)");
+    chat->add_option("--format", cf.format, "auto, llama2 or plain")->capture_default_str();
+    chat->add_option("--temp", cf.sampling.temperature, "sampling temperature (0: greedy)")->capture_default_str();
+    chat->add_option("--top-k", cf.sampling.top_k, "top-k (0: off)")->capture_default_str();
+    chat->add_option("--top-p", cf.sampling.top_p, "nucleus top-p (1: off)")->capture_default_str();
+    auto* chat_seed = chat->add_option("--seed", cf.sampling.seed, "sampling seed (default: random)");
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -197,6 +380,11 @@ int run_cli(int argc, char** argv) {
 
     try {
         if (gen->parsed()) return cmd_generate(gen_flags, prompt, prompt_file, n_tokens, sampling, seed_opt->count() > 0);
+        if (bench->parsed()) return cmd_bench(bench_flags, bf);
+        if (chat->parsed()) {
+            cf.seed_given = chat_seed->count() > 0;
+            return cmd_chat(chat_flags, cf);
+        }
         if (mm->parsed()) return cmd_make_model(mm_config, mm_out, mm_tokenizer, mm_seed, mm_dtype);
     } catch (const InputError& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

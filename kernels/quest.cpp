@@ -36,8 +36,7 @@ void page_scores_ref(float* scores, const float* q, const float* kmin, const flo
     }
 }
 
-std::vector<int> top_k_ref(std::span<const float> scores, int k) {
-    const int n = static_cast<int>(scores.size());
+std::vector<int> top_k_ref(const float* scores, int n, int k) {
     std::vector<int> idx(n);
     std::iota(idx.begin(), idx.end(), 0);
     if (k >= n) return idx;

@@ -9,8 +9,11 @@
 // With a page budget K = B / S: the last page (the one holding the newest token, possibly partial) is always
 // attended; the other K-1 are the top-(K-1) complete pages by U; when the sequence has P <= K pages, all pages are
 // attended (dense step).
-#include <span>
+// C++17 only: the CUDA units (nvcc, C++17) include this header too.
 #include <string_view>
+#if __cplusplus >= 202002L
+#include <span>
+#endif
 #include <vector>
 
 namespace quest {
@@ -30,7 +33,15 @@ void page_scores_ref(float* scores, const float* q, const float* kmin, const flo
 
 // Indices of the k largest scores among scores[0, n), ties broken towards the lower index, returned in ascending
 // index order. k >= n returns every index.
-std::vector<int> top_k_ref(std::span<const float> scores, int k);
+std::vector<int> top_k_ref(const float* scores, int n, int k);
+inline std::vector<int> top_k_ref(const std::vector<float>& scores, int k) {
+    return top_k_ref(scores.data(), static_cast<int>(scores.size()), k);
+}
+#if __cplusplus >= 202002L
+inline std::vector<int> top_k_ref(std::span<const float> scores, int k) {
+    return top_k_ref(scores.data(), static_cast<int>(scores.size()), k);
+}
+#endif
 
 // Folds key[head_dim] into page metadata: when `first` (the page's first token) it initialises min = max = key.
 void page_metadata_update_ref(float* kmin, float* kmax, const float* key, int head_dim, bool first);

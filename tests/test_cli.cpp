@@ -49,7 +49,7 @@ std::filesystem::path small_model(const std::string& name) {
 }  // namespace
 
 TEST(Cli, GenerateOnDemoModel) {
-    const RunResult r = run_quest(std::string("generate -m '") + QUEST_DEMO_MODEL +
+    const RunResult r = run_quest("generate -m '" + test::demo_model_dir().string() +
                                   "' -p 'Once upon a time' -n 40 --temp 0 --budget 32 --page-size 8");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_FALSE(r.out.empty());
@@ -110,4 +110,43 @@ TEST(Cli, EmptyPromptMeansBos) {
     const RunResult r = run_quest("generate -m '" + m.string() + "' -p '' -n 3 --temp 0");
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_THAT(r.err, HasSubstr("prefill: 1 tokens"));
+}
+
+TEST(Cli, BenchWritesJsonRowsOnTheCpu) {
+    const auto dir = test::temp_dir("cli_bench");
+    const RunResult r = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                  "' --backend cpu --contexts 40,70 --budgets full,16 --page-size 8 --steps 3 "
+                                  "--warmup 1 --json '" + (dir / "b.json").string() + "' --csv '" +
+                                  (dir / "b.csv").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(dir / "b.json");
+    const std::string json((std::istreambuf_iterator<char>(in)), {});
+    for (const char* key : {"\"context\"", "\"budget\"", "\"weights\"", "\"p50\"", "\"p90\"", "\"mean\"", "\"gbps\"",
+                            "\"prefill_s\"", "\"full\""})
+        EXPECT_THAT(json, HasSubstr(key));
+    EXPECT_THAT(r.out, HasSubstr("p50_ms"));
+    // 2 contexts x 2 budgets: 4 rows (+ header) in the CSV.
+    std::ifstream csv(dir / "b.csv");
+    int lines = 0;
+    for (std::string l; std::getline(csv, l);) ++lines;
+    EXPECT_EQ(lines, 5);
+}
+
+TEST(Cli, BenchRejectsBadLists) {
+    const RunResult r = run_quest("bench -m '" + test::demo_model_dir().string() + "' --contexts 4k --budgets full");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("--contexts"));
+}
+
+TEST(Cli, ScriptedChatOverAPipe) {
+    const auto m = small_model("cli_chat");
+    const auto dir = test::temp_dir("cli_chat_in");
+    std::ofstream(dir / "in.txt") << "hello there\n/stats\nand more\n/reset\nagain\n";
+    const RunResult r = run_quest("chat -m '" + m.string() + "' -n 5 --temp 0 < '" + (dir / "in.txt").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    int answers = 0;
+    for (char ch : r.out) answers += ch == '\n';
+    EXPECT_GE(answers, 3);  // one line per prompt (an answer may hold newlines itself)
+    EXPECT_THAT(r.err, HasSubstr("last answer: prefill"));
+    EXPECT_THAT(r.err, HasSubstr("(conversation reset)"));
 }

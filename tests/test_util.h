@@ -10,13 +10,25 @@
 
 namespace quest::test {
 
+// The checkout (override with QUEST_SOURCE_DIR when the test binary runs on another machine, e.g. the GPU one).
+inline std::filesystem::path source_dir() {
+    if (const char* env = std::getenv("QUEST_SOURCE_DIR")) return env;
+    return QUEST_SOURCE_DIR;
+}
+
+#ifdef QUEST_DEMO_MODEL
+// The random-weight demo model the build writes (override with QUEST_DEMO_MODEL).
+inline std::filesystem::path demo_model_dir() {
+    if (const char* env = std::getenv("QUEST_DEMO_MODEL")) return env;
+    return QUEST_DEMO_MODEL;
+}
+#endif
+
 // ../shared next to the checkout (override with QUEST_SHARED_DIR). Tests that need it skip when it is absent.
 inline std::filesystem::path shared_dir() {
     if (const char* env = std::getenv("QUEST_SHARED_DIR")) return env;
-    return std::filesystem::path(QUEST_SOURCE_DIR) / ".." / "shared";
+    return source_dir() / ".." / "shared";
 }
-
-inline std::filesystem::path source_dir() { return QUEST_SOURCE_DIR; }
 
 // A fresh, empty temporary directory for one test.
 inline std::filesystem::path temp_dir(const std::string& name) {

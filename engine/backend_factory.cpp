@@ -1,0 +1,82 @@
+#include "engine/backend_factory.h"
+
+#include <unistd.h>
+
+#include "model/error.h"
+#include "model/llama_cpu.h"
+#include "model/make_model.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#ifdef QUEST_HAVE_CUDA
+#include "model/llama_cuda.h"
+#endif
+
+namespace quest {
+
+namespace {
+[[noreturn]] void no_cuda() {
+    throw InputError("--backend cuda: this build has no CUDA backend (configure on a machine with nvcc, "
+                     "-DQUEST_CUDA=ON)");
+}
+void check_kind(const std::string& k) {
+    if (k != "cpu" && k != "cuda") throw InputError("--backend: expected cpu or cuda, got '" + k + "'");
+}
+#ifdef QUEST_HAVE_CUDA
+CudaOptions cuda_options(const BackendOptions& o) {
+    CudaOptions c;
+    c.use_graph = o.cuda_graph;
+    c.memory_limit = o.memory_limit;
+    return c;
+}
+#endif
+}  // namespace
+
+bool cuda_backend_built() {
+#ifdef QUEST_HAVE_CUDA
+    return true;
+#else
+    return false;
+#endif
+}
+
+std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
+    check_kind(o.kind);
+    if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity);
+#ifdef QUEST_HAVE_CUDA
+    return CudaLlama::from_folder(model, o.quest, o.capacity, cuda_options(o));
+#else
+    no_cuda();
+#endif
+}
+
+std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o) {
+    check_kind(o.kind);
+    if (o.kind == "cpu") {
+        // Same distributions as `quest make-model`, built in memory.
+        const auto dir = std::filesystem::temp_directory_path() / ("quest_random_" + std::to_string(::getpid()));
+        write_random_llama(dir, config, {seed, DType::F32});
+        auto b = make_cpu_backend(ModelFolder{dir, load_model_config(dir / "config.json")}, o.quest, o.capacity);
+        std::filesystem::remove_all(dir);
+        return b;
+    }
+#ifdef QUEST_HAVE_CUDA
+    return CudaLlama::random(config, o.quest, o.capacity, seed, cuda_options(o));
+#else
+    no_cuda();
+#endif
+}
+
+size_t backend_decode_bytes(const Backend& b) {
+#ifdef QUEST_HAVE_CUDA
+    if (auto* c = dynamic_cast<const CudaLlama*>(&b)) return c->decode_bytes();
+#endif
+    // CPU: fp32 weights and KV (the CPU reference is not a performance path; the figure is for completeness).
+    const ModelConfig& c = b.config();
+    const size_t params = static_cast<size_t>(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
+                          static_cast<size_t>(c.num_layers) *
+                              (static_cast<size_t>(c.hidden_size) * (2 * c.q_dim() + 2 * c.kv_dim()) +
+                               3ull * c.hidden_size * c.intermediate_size);
+    return params * 4 + static_cast<size_t>(b.position()) * c.num_layers * 2 * c.kv_dim() * 4;
+}
+
+}  // namespace quest

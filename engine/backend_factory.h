@@ -1,0 +1,26 @@
+#pragma once
+// Creates the backend a command asks for (--backend cpu|cuda). The CUDA backend exists when the build has it; a
+// request for it otherwise is an error, never a silent fall-back to the CPU.
+#include <memory>
+#include <string>
+
+#include "engine/backend.h"
+
+namespace quest {
+
+struct BackendOptions {
+    std::string kind = "cpu";  // cpu | cuda
+    int capacity = 0;          // KV cache tokens
+    QuestSettings quest;
+    bool cuda_graph = true;      // cuda: replay the decode step as a CUDA graph
+    size_t memory_limit = 0;     // cuda: bytes the memory plan may use (0: what the device has free)
+};
+
+bool cuda_backend_built();
+std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o);
+// Random weights without a checkpoint (benchmarks): generated on the device for cuda, in memory for cpu.
+std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o);
+// Bytes one decode step must read at the backend's current position (weights + KV, or Quest's share).
+size_t backend_decode_bytes(const Backend& b);
+
+}  // namespace quest

@@ -1,0 +1,121 @@
+#include "engine/bench.h"
+
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "model/error.h"
+
+namespace quest {
+
+std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress) {
+    if (r.contexts.empty() || r.budgets.empty()) throw InputError("bench: --contexts and --budgets must not be empty");
+    if (r.steps < 1 || r.warmup < 0) throw InputError("bench: --steps must be >= 1 and --warmup >= 0");
+    ModelFolder folder;
+    ModelConfig config;
+    if (r.random_weights) {
+        const std::filesystem::path p(r.model);
+        config = load_model_config(std::filesystem::is_directory(p) ? p / "config.json" : p);
+    } else {
+        folder = open_model_folder(r.model);
+        config = folder.config;
+    }
+    std::vector<BenchRow> rows;
+    for (int ctx : r.contexts) {
+        if (ctx < 1) throw InputError("bench: contexts must be >= 1");
+        for (int budget : r.budgets) {
+            BackendOptions o = r.backend;
+            o.capacity = ctx + r.warmup + r.steps;
+            if (budget == 0) {
+                o.quest.full_attention = true;
+            } else {
+                o.quest.full_attention = false;
+                o.quest.budget = budget;
+            }
+            o.quest.validate();
+            progress("context " + std::to_string(ctx) + ", " + (budget ? "budget " + std::to_string(budget) : "full") +
+                     ": building the model");
+            auto b = r.random_weights ? create_random_backend(config, r.seed, o) : create_backend(folder, o);
+            std::mt19937 rng(static_cast<uint32_t>(r.seed));
+            std::uniform_int_distribution<int> tok(3, config.vocab_size - 1);
+            std::vector<int> prompt(ctx);
+            for (int& t : prompt) t = tok(rng);
+            prompt[0] = config.bos_token_id;
+            Stopwatch sw;
+            b->prefill(prompt);
+            BenchRow row;
+            row.prefill_s = sw.ms() / 1000.0;
+            progress("  prefill " + std::to_string(ctx) + " tokens: " + std::to_string(row.prefill_s) + " s");
+            std::vector<double> ms;
+            size_t bytes = 0;
+            for (int i = 0; i < r.warmup + r.steps; ++i) {
+                b->decode(tok(rng));
+                if (i >= r.warmup) ms.push_back(b->last_decode_ms());
+                if (i == r.warmup + r.steps / 2) bytes = backend_decode_bytes(*b);
+            }
+            row.backend = b->name();
+            row.context = ctx;
+            row.budget = budget;
+            row.page_size = o.quest.page_size;
+            row.ms = summarize_latency(ms);
+            row.tokens_per_s = 1000.0 / row.ms.mean;
+            row.bytes = bytes;
+            row.gbps = static_cast<double>(bytes) / (row.ms.p50 * 1e-3) / 1e9;
+            row.device_memory = b->device_memory_bytes();
+            rows.push_back(row);
+            char line[200];
+            std::snprintf(line, sizeof line, "  decode: p50 %.3f ms/token, %.0f GB/s", row.ms.p50, row.gbps);
+            progress(line);
+        }
+    }
+    return rows;
+}
+
+std::string bench_table(const std::vector<BenchRow>& rows) {
+    std::ostringstream o;
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%-7s %-7s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s\n", "backend", "weights",
+                  "context", "budget", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "tok/s", "GB/step", "GB/s", "prefill_s");
+    o << buf;
+    for (const BenchRow& r : rows) {
+        std::snprintf(buf, sizeof buf, "%-7s %-7s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f\n",
+                      r.backend.c_str(), r.weights.c_str(), r.context,
+                      r.budget ? std::to_string(r.budget).c_str() : "full", r.ms.p50, r.ms.p90, r.ms.p99, r.ms.mean,
+                      r.tokens_per_s, r.bytes / 1e9, r.gbps, r.prefill_s);
+        o << buf;
+    }
+    return o.str();
+}
+
+std::string bench_json(const std::vector<BenchRow>& rows) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const BenchRow& r : rows)
+        a.push_back({{"backend", r.backend},
+                     {"weights", r.weights},
+                     {"context", r.context},
+                     {"budget", r.budget ? nlohmann::json(r.budget) : nlohmann::json("full")},
+                     {"page_size", r.page_size},
+                     {"p50", r.ms.p50},
+                     {"p90", r.ms.p90},
+                     {"p99", r.ms.p99},
+                     {"mean", r.ms.mean},
+                     {"steps", r.ms.count},
+                     {"tokens_per_s", r.tokens_per_s},
+                     {"bytes", r.bytes},
+                     {"gbps", r.gbps},
+                     {"prefill_s", r.prefill_s},
+                     {"device_memory", r.device_memory}});
+    return a.dump(2) + "\n";
+}
+
+std::string bench_csv(const std::vector<BenchRow>& rows) {
+    std::ostringstream o;
+    o << "backend,weights,context,budget,page_size,p50,p90,p99,mean,tokens_per_s,bytes,gbps,prefill_s,device_memory\n";
+    for (const BenchRow& r : rows)
+        o << r.backend << ',' << r.weights << ',' << r.context << ',' << (r.budget ? std::to_string(r.budget) : "full")
+          << ',' << r.page_size << ',' << r.ms.p50 << ',' << r.ms.p90 << ',' << r.ms.p99 << ',' << r.ms.mean << ','
+          << r.tokens_per_s << ',' << r.bytes << ',' << r.gbps << ',' << r.prefill_s << ',' << r.device_memory << '\n';
+    return o.str();
+}
+
+}  // namespace quest

@@ -1,0 +1,44 @@
+#pragma once
+// `quest bench`: decode latency over a grid of contexts x budgets. For each combination: prefill a context
+// (random tokens, fixed seed), decode warm-up steps, then time `steps` decode steps (sampling excluded: the token
+// fed back is drawn from a fixed sequence). Reports p50/p90/p99/mean ms per token, tokens/s, the bytes the step
+// must read and the achieved GB/s, prefill seconds and device memory.
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "engine/backend_factory.h"
+#include "engine/timing.h"
+
+namespace quest {
+
+struct BenchRequest {
+    std::string model;          // model folder, or a config.json with random_weights
+    bool random_weights = false;
+    BackendOptions backend;     // kind, quest settings (budget overridden per row), graph
+    std::vector<int> contexts;  // prompt lengths
+    std::vector<int> budgets;   // 0 = full attention
+    int steps = 64;
+    int warmup = 8;
+    uint64_t seed = 1;
+};
+
+struct BenchRow {
+    std::string backend, weights = "fp16";
+    int context = 0;
+    int budget = 0;  // 0 = full attention
+    int page_size = 0;
+    LatencyStats ms;
+    double tokens_per_s = 0;
+    size_t bytes = 0;     // bytes one step must read (mid-run position)
+    double gbps = 0;      // bytes / p50
+    double prefill_s = 0;
+    size_t device_memory = 0;
+};
+
+std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress);
+std::string bench_table(const std::vector<BenchRow>& rows);
+std::string bench_json(const std::vector<BenchRow>& rows);
+std::string bench_csv(const std::vector<BenchRow>& rows);
+
+}  // namespace quest

@@ -1,0 +1,27 @@
+#pragma once
+// Matrix products with fp16 weights. CPU references: matvec_ref / matmul_ref (kernels/basic_ops.h).
+// W is a Hugging Face nn.Linear weight, row-major [rows = out_features][cols = in_features].
+#include <cublas_v2.h>
+
+#include "kernels/cuda_common.cuh"
+
+namespace quest {
+
+// Batch-1 decode: y[rows] = W x (fp16 W and x, fp32 accumulation and output). Memory-bound: streams W once with
+// 16-byte loads. Requires cols % 8 == 0 and 16-byte aligned W and x.
+void gemv(float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream);
+
+// cuBLAS: Y[T][rows] = X[T][cols] W^T (fp16 inputs, fp32 accumulation and output). Prefill, and the batch-1
+// baseline the custom gemv is measured against.
+void gemm_cublas(cublasHandle_t handle, float* Y, const __half* W, const __half* X, int T, int rows, int cols,
+                 cudaStream_t stream);
+
+#define CUBLAS_CHECK(expr)                                                                                 \
+    do {                                                                                                   \
+        const cublasStatus_t quest_st_ = (expr);                                                           \
+        if (quest_st_ != CUBLAS_STATUS_SUCCESS)                                                            \
+            throw ::quest::CudaError(std::string("cuBLAS error ") + std::to_string(int(quest_st_)) + " in " + \
+                                     #expr + " at " + __FILE__ + ":" + std::to_string(__LINE__));          \
+    } while (0)
+
+}  // namespace quest

@@ -1,0 +1,999 @@
+// GPU Quest decode path: page scores, top-k page selection, sparse attention over the selected pages, merge.
+// API and semantics: kernels/quest.cuh. Design notes per kernel below.
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/quest.cuh"
+
+namespace quest {
+
+namespace {
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Small device helpers
+// ---------------------------------------------------------------------------------------------------------------------
+
+// 16-byte asynchronous copy global -> shared; src_bytes = 0 zero-fills the destination without reading the source.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Swizzled position of 16-byte piece c of row r in a shared tile whose rows hold CPR pieces (CPR = row bytes / 16).
+// Eight consecutive rows reading the same logical piece, or eight consecutive pieces of one row (or of a few rows
+// when CPR < 8), land in eight distinct 16-byte bank groups: conflict-free 128-bit shared loads and stores.
+template <int CPR>
+__device__ __forceinline__ int swz(int r, int c) {
+    if constexpr (CPR >= 8)
+        return c ^ (r & 7);
+    else
+        return c ^ ((r / (8 / CPR)) & (CPR - 1));
+}
+
+__device__ __forceinline__ void half8_to_float(const uint4& raw, float (&f)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 x = __half22float2(h[j]);
+        f[2 * j] = x.x;
+        f[2 * j + 1] = x.y;
+    }
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sequence length on the device and the derived page count; false when the length is outside the cache.
+__device__ __forceinline__ bool device_len(const int* d_pos, int page_size_log2, int max_pages, int& len, int& P) {
+    len = *d_pos + 1;
+    P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
+    return len >= 1 && P <= max_pages;
+}
+
+int log2_exact(int x) {
+    int l = 0;
+    while ((1 << l) < x) ++l;
+    return l;
+}
+
+int sm_count() {
+    int dev = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    return std::max(n, 1);
+}
+
+bool head_dim_supported(int d) { return d == 8 || d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
+
+void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
+    QUEST_REQUIRE(kv.num_kv_heads >= 1 && num_heads >= 1 && num_heads % kv.num_kv_heads == 0,
+                  "num_heads must be a positive multiple of num_kv_heads");
+    QUEST_REQUIRE(head_dim_supported(kv.head_dim), "head_dim must be one of 8, 16, 32, 64, 128, 256");
+    QUEST_REQUIRE(kv.page_size >= 1 && kv.page_size <= 256 && (kv.page_size & (kv.page_size - 1)) == 0,
+                  "page_size must be a power of two in [1, 256]");
+    QUEST_REQUIRE(kv.max_pages >= 1 && page_budget >= 1, "max_pages and page_budget must be >= 1");
+    QUEST_REQUIRE(static_cast<long long>(kv.max_pages) * kv.page_size <= kv.capacity,
+                  "max_pages * page_size must fit in capacity");
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 1. Page scores
+//
+// Work item = a tile of 128 candidate pages of one KV head (and, for groups of more than 8 query heads, one batch of 8
+// heads); thread t owns page p0 + t and sums its channels sequentially, in the CPU reference's order, so the scores
+// match page_scores_ref bit for bit (fp16 x fp16 products are exact in fp32, and fmaf of an exact product rounds like
+// the reference's `u += max(...)`; max(q*mn, q*mx) == q * (q >= 0 ? mx : mn) is selected on the packed fp16 bits
+// with a per-channel sign mask, one LOP3 per channel pair). A persistent grid (at most the resident blocks, looping
+// over the items that exist at the current length) streams each block's items as a sequence of stages, one stage =
+// CH = 64 channels (a whole 128-byte line of every row) of the tile's 128 pages for kmin and kmax, through a 3-deep
+// cp.async ring in shared memory (96 KB): 16-byte loads, a warp's loads cover whole lines (coalesced), and 2 stages
+// stay in flight while one is consumed. The swizzled layout makes the per-thread 128-bit shared reads conflict-free.
+// The query heads of the group come from shared memory (broadcast), so each metadata byte is read from global memory
+// once per KV head (once per 8 heads for larger groups). Measured variants (H200, 32K tokens, MHA): CH = 32 with a
+// 4-deep ring 16.7 us; CH = 64, 3-deep 12.7-12.9 us; whole rows per stage 13.9 us.
+// ---------------------------------------------------------------------------------------------------------------------
+#ifndef QUEST_SCORE_CH
+#define QUEST_SCORE_CH 64  // channels per pipeline stage (tuning knob; 64 = whole 128-byte lines)
+#endif
+#ifndef QUEST_SCORE_STAGES
+#define QUEST_SCORE_STAGES 3  // cp.async ring depth (tuning knob)
+#endif
+constexpr int kScoreThreads = 128;
+constexpr int kScoreTile = 128;  // pages per item (one per thread)
+constexpr int kScoreStages = QUEST_SCORE_STAGES;
+
+template <int D, int GT>
+struct ScoreCfg {
+    static constexpr int CH = D < QUEST_SCORE_CH ? D : QUEST_SCORE_CH;  // channels per stage
+    static constexpr int CPR = CH / 8;                                   // 16-byte pieces per staged row
+    static constexpr int NCH = D / CH;                                   // stages per page row and head batch
+    static constexpr int STAGES = D >= 256 && kScoreStages > 2 ? 2 : kScoreStages;
+    static constexpr int STAGE_HALVES = kScoreTile * CH;  // one array (kmin or kmax) of one stage
+    static constexpr int RING_BYTES = STAGES * 2 * STAGE_HALVES * 2;
+    static constexpr int Q_FLOATS = GT * D;       // one buffer of q (fp32)
+    static constexpr int MASK_WORDS = GT * D / 2;  // one buffer of sign masks (one 32-bit word per channel pair)
+    static constexpr int SMEM_BYTES = RING_BYTES + 2 * (Q_FLOATS + MASK_WORDS) * 4;
+};
+
+template <int D, int GT>
+__global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
+    float* __restrict__ scores, const __half* __restrict__ q, const __half* __restrict__ kmin,
+    const __half* __restrict__ kmax, const int* __restrict__ d_pos, int num_heads, int num_kv_heads, int max_pages,
+    int page_size_log2, int page_budget, int per_head, int kv_sum) {
+    using C = ScoreCfg<D, GT>;
+    constexpr int CH = C::CH, CPR = C::CPR, NCH = C::NCH;
+    extern __shared__ __align__(16) unsigned char smem[];
+    constexpr int STAGES = C::STAGES;
+    __half* s_ring = reinterpret_cast<__half*>(smem);                        // [stage][2][kScoreTile * CH]
+    float* s_q = reinterpret_cast<float*>(smem + C::RING_BYTES);             // [2][GT][D]
+    uint32_t* s_mask = reinterpret_cast<uint32_t*>(s_q + 2 * C::Q_FLOATS);  // [2][GT][D / 2]
+
+    int len, P;
+    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
+    if (P <= page_budget) return;  // dense step: no selection, no scores
+    const int n = P - 1;           // candidates: the complete pages
+    const int tid = threadIdx.x;
+    const int G = num_heads / num_kv_heads;
+    const int nb = (G + GT - 1) / GT;  // head batches per item
+    const int items = (n + kScoreTile - 1) / kScoreTile * num_kv_heads;
+    if (static_cast<int>(blockIdx.x) >= items) return;
+    const int my_items = (items - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
+    const int per_item = nb * NCH;  // stages per item
+    const int total = my_items * per_item;
+
+    // Stage s of this block: item blockIdx.x + (s / per_item) * gridDim.x, head batch (s % per_item) / NCH,
+    // channel chunk s % NCH.
+    auto item_of = [&](int s, int& kvh, int& p0, int& np) {
+        const int item = blockIdx.x + (s / per_item) * gridDim.x;
+        kvh = item % num_kv_heads;
+        p0 = item / num_kv_heads * kScoreTile;
+        np = min(kScoreTile, n - p0);
+    };
+    auto issue = [&](int s) {
+        int kvh, p0, np;
+        item_of(s, kvh, p0, np);
+        const int ch = s % NCH;
+        __half* dmin = s_ring + (s % STAGES) * 2 * C::STAGE_HALVES;
+        __half* dmax = dmin + C::STAGE_HALVES;
+        const size_t meta0 = (static_cast<size_t>(kvh) * max_pages + p0) * D + ch * CH;
+#pragma unroll
+        for (int i = 0; i < kScoreTile * CPR / kScoreThreads; ++i) {
+            const int l = tid + i * kScoreThreads;
+            const int r = l / CPR, c = l % CPR;
+            const bool ok = r < np;
+            const size_t src = meta0 + static_cast<size_t>(ok ? r : 0) * D + c * 8;
+            const int dst = r * CH + swz<CPR>(r, c) * 8;
+            cp_async16(dmin + dst, kmin + src, ok ? 16 : 0);
+            cp_async16(dmax + dst, kmax + src, ok ? 16 : 0);
+        }
+    };
+
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s) {
+        if (s < total) issue(s);
+        cp_async_commit();
+    }
+    float acc[GT] = {};
+    float agg = 0.0f;  // KvMax / KvSum aggregate of this thread's page over the item's head batches
+#pragma unroll 1
+    for (int s = 0; s < total; ++s) {
+        int kvh, p0, np;
+        item_of(s, kvh, p0, np);
+        const int rem = s % per_item, gbi = rem / NCH, ch = rem % NCH;
+        const int gb = gbi * GT, ng = min(GT, G - gb);
+        const int qbuf = (s / NCH) & 1;                 // this head batch's q (double-buffered across batches)
+        float* sq = s_q + qbuf * C::Q_FLOATS;
+        uint32_t* smask = s_mask + qbuf * C::MASK_WORDS;
+        if (s + STAGES - 1 < total) issue(s + STAGES - 1);
+        cp_async_commit();
+        if (ch == 0) {
+            // q in fp32, and per channel pair a mask selecting kmax's half where q >= 0 and kmin's where q < 0.
+            for (int i = tid; i < GT * D / 2; i += kScoreThreads) {
+                const int g = i / (D / 2), c2 = i % (D / 2);
+                float q0 = 0.0f, q1 = 0.0f;
+                if (g < ng) {
+                    const float2 qq = __half22float2(
+                        *reinterpret_cast<const __half2*>(q + static_cast<size_t>(kvh * G + gb + g) * D + 2 * c2));
+                    q0 = qq.x;
+                    q1 = qq.y;
+                }
+                sq[g * D + 2 * c2] = q0;
+                sq[g * D + 2 * c2 + 1] = q1;
+                smask[i] = (q0 >= 0.0f ? 0x0000FFFFu : 0u) | (q1 >= 0.0f ? 0xFFFF0000u : 0u);
+            }
+#pragma unroll
+            for (int g = 0; g < GT; ++g) acc[g] = 0.0f;
+        }
+        cp_async_wait<STAGES - 1>();  // stage s has landed (this thread's pieces)
+        __syncthreads();              // ... everyone's, and q
+        if (tid < np) {
+            const __half* smin = s_ring + (s % STAGES) * 2 * C::STAGE_HALVES;
+            const __half* smax = smin + C::STAGE_HALVES;
+#pragma unroll
+            for (int c = 0; c < CPR; ++c) {
+                const int off = tid * CH + swz<CPR>(tid, c) * 8;
+                const uint4 rmn = *reinterpret_cast<const uint4*>(smin + off);
+                const uint4 rmx = *reinterpret_cast<const uint4*>(smax + off);
+#pragma unroll
+                for (int g = 0; g < GT; ++g) {
+                    const int ci = ch * CH + c * 8;
+                    const float4 qa = *reinterpret_cast<const float4*>(sq + g * D + ci);
+                    const float4 qb = *reinterpret_cast<const float4*>(sq + g * D + ci + 4);
+                    const uint4 mk = *reinterpret_cast<const uint4*>(smask + g * (D / 2) + ci / 2);
+                    // max(q*mn, q*mx) == q * (q >= 0 ? mx : mn), exactly: select the halves, then one FMA each.
+                    const uint32_t w[4] = {(rmx.x & mk.x) | (rmn.x & ~mk.x), (rmx.y & mk.y) | (rmn.y & ~mk.y),
+                                           (rmx.z & mk.z) | (rmn.z & ~mk.z), (rmx.w & mk.w) | (rmn.w & ~mk.w)};
+                    const float qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) {
+                        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+                        acc[g] = fmaf(qv[2 * j], f.x, acc[g]);
+                        acc[g] = fmaf(qv[2 * j + 1], f.y, acc[g]);
+                    }
+                }
+            }
+            if (ch == NCH - 1) {  // end of a head batch
+                if (per_head) {
+#pragma unroll
+                    for (int g = 0; g < GT; ++g)
+                        if (g < ng) scores[static_cast<size_t>(kvh * G + gb + g) * max_pages + p0 + tid] = acc[g];
+                } else {
+#pragma unroll
+                    for (int g = 0; g < GT; ++g)
+                        if (g < ng) agg = (gb + g == 0) ? acc[g] : (kv_sum ? agg + acc[g] : fmaxf(agg, acc[g]));
+                    if (gbi == nb - 1) scores[static_cast<size_t>(kvh) * max_pages + p0 + tid] = agg;
+                }
+            }
+        }
+        __syncthreads();  // ring slot s % STAGES and the older q buffer are free
+    }
+    cp_async_wait<0>();
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 2. Top-k
+//
+// One block (512 threads) per selection row; an exact radix select on the order-preserving uint32 image of the
+// scores. A first pass loads the keys (into shared memory when the row has at most kTopkCacheMax candidates; beyond,
+// later passes re-read them from global memory / L2) and reduces their min and max: the bits above the highest bit
+// where min and max differ are common to every key, so the digit passes start there, 11 bits at a time, with a
+// 2048-bin shared histogram of the keys that match the digits chosen so far (one atomic per key; a warp whose keys
+// all fall in one bin, e.g. exact ties, adds once). A pass stops the search early when the bin holding the
+// K-1-th largest key is taken whole (usually after the first pass). Then, with the threshold T (masked to the
+// resolved bits) and `need` = how many keys equal to T to take, a stable compaction in index order writes every key
+// > T and the first `need` keys == T (lowest page ids) at their ascending-order positions (an exclusive block scan of
+// packed (greater, equal) counts). No page cap.
+// ---------------------------------------------------------------------------------------------------------------------
+#ifndef QUEST_TOPK_MATCH
+#define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
+#endif
+constexpr int kTopkThreads = 512;
+constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkBins = 2048;
+constexpr int kTopkBinsPerThread = kTopkBins / kTopkThreads;
+constexpr int kTopkCacheMax = 32768;  // keys cached in dynamic shared memory (128 KB)
+constexpr int kTopkUnroll = 8;        // independent key loads in flight per thread
+constexpr int kTopkPerThread = 4;     // compaction: contiguous keys per thread per round
+
+__device__ __forceinline__ uint32_t float_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    if (f == 0.0f) u = 0u;  // -0 ties with +0, as in the reference's comparisons
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// Exclusive prefix sum over the block in thread order; `total` gets the block sum.
+__device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < kTopkWarps ? s_warp[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < kTopkWarps) s_warp[lane] = w;
+    }
+    __syncthreads();
+    const int before = (warp ? s_warp[warp - 1] : 0) + x - v;
+    total = s_warp[kTopkWarps - 1];
+    __syncthreads();  // s_warp is free for the next scan
+    return before;
+}
+
+__global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
+                                                             const float* __restrict__ scores, int score_stride,
+                                                             const int* __restrict__ d_pos, int page_size_log2,
+                                                             int page_budget, int cache) {
+    extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
+    __shared__ int s_hist[kTopkBins];
+    __shared__ int s_warp[32];
+    __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
+    __shared__ int s_digit, s_above;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    int* out = selected + static_cast<size_t>(blockIdx.x) * page_budget;
+    const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
+    const int len = *d_pos + 1;
+    if (len < 1) return;
+    const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
+    if (P <= page_budget) {  // dense step: every page
+        for (int i = tid; i < P; i += kTopkThreads) out[i] = i;
+        return;
+    }
+    const int n = P - 1;            // candidates
+    const int k = page_budget - 1;  // to select among them (k < n)
+    if (n > score_stride) return;   // outside the scores' capacity: write nothing
+    if (tid == 0) out[k] = P - 1;
+    if (k == 0) return;
+
+    // Keys (cached), and their min and max.
+    uint32_t kmn = 0xFFFFFFFFu, kmx = 0u;
+#pragma unroll 1
+    for (int base = 0; base < n; base += kTopkThreads * kTopkUnroll) {
+        uint32_t key[kTopkUnroll];
+#pragma unroll
+        for (int u = 0; u < kTopkUnroll; ++u) {
+            const int i = base + u * kTopkThreads + tid;
+            key[u] = i < n ? float_key(in[i]) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < kTopkUnroll; ++u) {
+            const int i = base + u * kTopkThreads + tid;
+            if (i < n) {
+                if (cache) s_cache[i] = key[u];
+                kmn = min(kmn, key[u]);
+                kmx = max(kmx, key[u]);
+            }
+        }
+    }
+    kmn = __reduce_min_sync(0xffffffffu, kmn);
+    kmx = __reduce_max_sync(0xffffffffu, kmx);
+    if (lane == 0) {
+        s_min[warp] = kmn;
+        s_max[warp] = kmx;
+    }
+    __syncthreads();
+    kmn = s_min[0];
+    kmx = s_max[0];
+#pragma unroll
+    for (int w = 1; w < kTopkWarps; ++w) {
+        kmn = min(kmn, s_min[w]);
+        kmx = max(kmx, s_max[w]);
+    }
+
+    // Radix select over the bits below the common prefix. Invariant: the top k keys are the keys whose masked value
+    // (key & pmask) is > prefix, plus krem of those whose masked value == prefix.
+    uint32_t prefix, pmask;
+    int krem = k;
+    const uint32_t diff = kmn ^ kmx;
+    if (diff == 0u) {  // every key is equal
+        prefix = kmx;
+        pmask = 0xFFFFFFFFu;
+    } else {
+        const int hb = 31 - __clz(diff);  // highest bit where keys differ
+        pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
+        prefix = kmx & pmask;
+        int lo = hb + 1;  // bits [lo, 32) are resolved
+#pragma unroll 1
+        while (lo > 0) {
+            const int width = min(11, lo), shift = lo - width;
+            const uint32_t dmask = (1u << width) - 1u;
+            for (int i = tid; i < kTopkBins; i += kTopkThreads) s_hist[i] = 0;
+            __syncthreads();
+#pragma unroll 1
+            for (int base = 0; base < n; base += kTopkThreads * kTopkUnroll) {
+                uint32_t key[kTopkUnroll];
+#pragma unroll
+                for (int u = 0; u < kTopkUnroll; ++u) {
+                    const int i = base + u * kTopkThreads + tid;
+                    key[u] = i < n ? (cache ? s_cache[i] : float_key(in[i])) : 0u;
+                }
+#pragma unroll
+                for (int u = 0; u < kTopkUnroll; ++u) {
+                    const int i = base + u * kTopkThreads + tid;
+                    const int bin = (i < n && (key[u] & pmask) == prefix) ? static_cast<int>((key[u] >> shift) & dmask)
+                                                                          : -1;
+#if QUEST_TOPK_MATCH
+                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
+#else
+                    // A warp whose keys all fall in one bin (ties) adds once; otherwise one atomic per key.
+                    const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
+                    if (__all_sync(0xffffffffu, bin == bin0)) {
+                        if (lane == 0 && bin0 >= 0) atomicAdd(&s_hist[bin0], 32);
+                    } else if (bin >= 0) {
+                        atomicAdd(&s_hist[bin], 1);
+                    }
+#endif
+                }
+            }
+            __syncthreads();
+            // Thread t owns bins kTopkBins-1-4t .. kTopkBins-4-4t (descending): a scan in thread order counts the
+            // keys in higher bins.
+            int c[kTopkBinsPerThread], sum = 0;
+#pragma unroll
+            for (int j = 0; j < kTopkBinsPerThread; ++j) {
+                c[j] = s_hist[kTopkBins - 1 - kTopkBinsPerThread * tid - j];
+                sum += c[j];
+            }
+            int total;
+            int above = block_exclusive_scan(sum, s_warp, total);
+#pragma unroll
+            for (int j = 0; j < kTopkBinsPerThread; ++j) {
+                if (above < krem && above + c[j] >= krem) {
+                    s_digit = kTopkBins - 1 - kTopkBinsPerThread * tid - j;
+                    s_above = above;
+                }
+                above += c[j];
+            }
+            __syncthreads();
+            const int d = s_digit;
+            const int in_bin = s_hist[d];
+            prefix |= static_cast<uint32_t>(d) << shift;
+            pmask |= dmask << shift;
+            krem -= s_above;
+            lo = shift;
+            __syncthreads();         // s_digit / s_above / s_hist are rewritten by the next pass
+            if (in_bin == krem) break;  // the whole bin is taken: the masked comparison decides every key
+        }
+    }
+    const uint32_t T = prefix;
+    const int need = krem;  // masked keys == T to take (the lowest indices); masked keys > T: k - need
+
+    // Stable compaction in index order: position of a selected key = (#greater before) + min(#equal before, need).
+    int gt_run = 0, eq_run = 0;
+#pragma unroll 1
+    for (int base = 0; base < n; base += kTopkThreads * kTopkPerThread) {
+        const int i0 = base + tid * kTopkPerThread;
+        uint32_t key[kTopkPerThread];
+#pragma unroll
+        for (int e = 0; e < kTopkPerThread; ++e)
+            key[e] = i0 + e < n ? (cache ? s_cache[i0 + e] : float_key(in[i0 + e])) & pmask : 0u;
+        int flag[kTopkPerThread];  // 2: greater, 1: equal, 0: neither
+        int cgt = 0, ceq = 0;
+#pragma unroll
+        for (int e = 0; e < kTopkPerThread; ++e) {
+            flag[e] = i0 + e < n ? (key[e] > T ? 2 : (key[e] == T ? 1 : 0)) : 0;
+            cgt += flag[e] == 2;
+            ceq += flag[e] == 1;
+        }
+        int total;
+        const int ex = block_exclusive_scan(cgt | (ceq << 16), s_warp, total);  // each field <= 2048
+        int gt_before = gt_run + (ex & 0xffff);
+        int eq_before = eq_run + (ex >> 16);
+#pragma unroll
+        for (int e = 0; e < kTopkPerThread; ++e) {
+            if (flag[e] == 2) {
+                out[gt_before + min(eq_before, need)] = i0 + e;
+                ++gt_before;
+            } else if (flag[e] == 1) {
+                if (eq_before < need) out[gt_before + eq_before] = i0 + e;
+                ++eq_before;
+            }
+        }
+        gt_run += total & 0xffff;
+        eq_run += total >> 16;
+        if (gt_run + min(eq_run, need) >= k) break;  // uniform: every selected key is written
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 3. Sparse attention (split over the selected pages), merge fused
+//
+// Block (128 threads, 4 warps) = one "slab" (a KV head and up to HB <= 8 of its query heads sharing a page list:
+// KvMax/KvSum; or one query head: PerHead) x one split (pages_per_split consecutive entries of the row's page list).
+// Register-direct flash decoding: a token's K (and V) row is read by LPT = D/8 lanes with one 16-byte load each, so
+// a warp reads 32/LPT consecutive tokens per row (coalesced), and a lane keeps U rows of K and V in flight at once.
+// Logits: 8 FMAs per lane against the lane's slice of q (pre-scaled to log2 units) and an xor-shuffle reduction over
+// the LPT lanes. Each lane group keeps its own exp2 online softmax state (m, l) and its 8 output channels per head;
+// no block barrier in the main loop. At the end the lane groups of a warp and then the 4 warps are combined (running
+// maxima rescaled). Tokens >= len (the tail of the last page) are neither read nor counted. With a single split the
+// block writes the output; otherwise it writes its normalised partial output and (max, sum) per head, and the last
+// block of the slab to finish (a counter per slab, reset by that block) merges the valid splits (their number derives
+// from len) into the output: one launch, graph-safe.
+// ---------------------------------------------------------------------------------------------------------------------
+constexpr int kAttnThreads = 128;
+constexpr int kAttnWarps = kAttnThreads / 32;
+constexpr int kMaxPagesPerSplit = 128;
+constexpr int kAttnMaxHeads = 8;
+constexpr int kMergeChunk = 64;  // splits per merge chunk (weights in shared memory)
+
+template <int D, int HB>
+struct AttnCfg {
+    static constexpr int LPT = D / 8;                              // lanes per token (one 16-byte piece each)
+    static constexpr int TPW = 32 / LPT;                           // tokens per warp row
+    static constexpr int TPB = kAttnWarps * TPW;                   // tokens per block row
+    static constexpr int U = HB >= 8 ? 2 : (HB >= 4 ? 4 : 8);      // rows in flight per lane
+    static constexpr int MIN_BLOCKS = HB >= 8 ? 2 : (HB >= 4 ? 3 : 4);
+};
+
+__device__ __forceinline__ uint4 ldg_stream(const __half* p) {
+    return __ldcs(reinterpret_cast<const uint4*>(p));  // read once: evict-first in L2
+}
+
+template <int D, int HB>
+__global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) sparse_attention_kernel(
+    __half* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
+    const __half* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
+    const int* __restrict__ selected, const int* __restrict__ d_pos, int num_heads, int num_kv_heads, int capacity,
+    int max_pages, int page_size_log2, int page_budget, int pages_per_split, int max_splits, int per_head,
+    float scale_log2) {
+    using C = AttnCfg<D, HB>;
+    constexpr int LPT = C::LPT, TPW = C::TPW, TPB = C::TPB, U = C::U;
+    __shared__ __align__(16) float s_o[kAttnWarps][HB][D];
+    __shared__ float s_mw[kAttnWarps][HB], s_lw[kAttnWarps][HB];
+    __shared__ float s_m[HB], s_l[HB];
+    __shared__ float s_w[HB][kMergeChunk];  // merge weights of one chunk of splits
+    __shared__ int s_pages[kMaxPagesPerSplit];
+    __shared__ int s_last;
+
+    int len, P;
+    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
+    const int n_sel = min(P, page_budget);
+    const int ns = (n_sel + pages_per_split - 1) / pages_per_split;  // valid splits
+    const int split = blockIdx.x;
+    const int j0 = split * pages_per_split;
+    if (j0 >= n_sel) return;  // this split has no pages at this length
+    const int np = min(pages_per_split, n_sel - j0);
+    const int G = num_heads / num_kv_heads;
+    int row, kvh, h0, hb;
+    if (per_head) {
+        row = blockIdx.y;
+        kvh = row / G;
+        h0 = row;
+        hb = 1;
+    } else {
+        const int subs = (G + HB - 1) / HB;
+        kvh = blockIdx.y / subs;
+        const int sub = blockIdx.y % subs;
+        row = kvh;
+        h0 = kvh * G + sub * HB;
+        hb = min(HB, G - sub * HB);
+    }
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int grp = lane / LPT, c = lane % LPT;  // token within the warp row, 16-byte piece within the token
+    const int S = 1 << page_size_log2;
+
+    const int* sel = selected + static_cast<size_t>(row) * page_budget + j0;
+    for (int i = tid; i < np; i += kAttnThreads) s_pages[i] = sel[i];
+    // This lane's 8 channels of every head's query, in log2 units.
+    float qr[HB][8];
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+        if (g < hb) {
+            half8_to_float(*reinterpret_cast<const uint4*>(q + static_cast<size_t>(h0 + g) * D + c * 8), qr[g]);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) qr[g][e] *= scale_log2;
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
+        }
+    }
+    __syncthreads();
+
+    // Tokens of the split: np pages of S tokens, minus the tail beyond len of the last one (the partial last page).
+    const int count = np * S - max(0, (s_pages[np - 1] + 1) * S - len);
+    const int rows = (count + TPB - 1) / TPB;
+    const size_t head_off = static_cast<size_t>(kvh) * capacity * D + c * 8;
+    const __half* kbase = kc + head_off;
+    const __half* vbase = vc + head_off;
+
+    float o[HB][8], m[HB], l[HB];
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] = 0.0f;
+    }
+#pragma unroll 1
+    for (int r0 = 0; r0 < rows; r0 += U) {
+        uint4 kb[U], vb[U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int j = (r0 + u) * TPB + warp * TPW + grp;
+            int token = -1;
+            if (j < count) token = s_pages[j >> page_size_log2] * S + (j & (S - 1));
+            ok[u] = token >= 0 && token < len;
+            if (ok[u]) {
+                kb[u] = ldg_stream(kbase + static_cast<size_t>(token) * D);
+                vb[u] = ldg_stream(vbase + static_cast<size_t>(token) * D);
+            } else {
+                kb[u] = make_uint4(0u, 0u, 0u, 0u);
+                vb[u] = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        // Logits of the U tokens of this lane group, all heads.
+        float sc[U][HB];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float kf[8];
+            half8_to_float(kb[u], kf);
+#pragma unroll
+            for (int g = 0; g < HB; ++g) {
+                float a0 = 0.0f, a1 = 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e += 2) {
+                    a0 = fmaf(qr[g][e], kf[e], a0);
+                    a1 = fmaf(qr[g][e + 1], kf[e + 1], a1);
+                }
+                float a = a0 + a1;
+#pragma unroll
+                for (int off = 1; off < LPT; off <<= 1) a += __shfl_xor_sync(0xffffffffu, a, off);
+                sc[u][g] = ok[u] ? a : -INFINITY;
+            }
+        }
+        // Online softmax update per head (state shared by the lane group), then o += p v.
+#pragma unroll
+        for (int g = 0; g < HB; ++g) {
+            float mb = m[g];
+#pragma unroll
+            for (int u = 0; u < U; ++u) mb = fmaxf(mb, sc[u][g]);
+            if (mb != -INFINITY) {
+                const float corr = exp2f(m[g] - mb);  // 0 while m is still -inf
+                l[g] *= corr;
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[g][e] *= corr;
+                m[g] = mb;
+#pragma unroll
+                for (int u = 0; u < U; ++u) {
+                    const float pr = exp2f(sc[u][g] - mb);  // 0 for invalid tokens
+                    sc[u][g] = pr;
+                    l[g] += pr;
+                }
+            } else {
+#pragma unroll
+                for (int u = 0; u < U; ++u) sc[u][g] = 0.0f;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            float vf[8];
+            half8_to_float(vb[u], vf);
+#pragma unroll
+            for (int g = 0; g < HB; ++g)
+#pragma unroll
+                for (int e = 0; e < 8; ++e) o[g][e] = fmaf(sc[u][g], vf[e], o[g][e]);
+        }
+    }
+
+    // Combine the lane groups of the warp (lanes with equal c), then the warps (shared memory).
+#pragma unroll
+    for (int g = 0; g < HB; ++g) {
+        float M = m[g];
+#pragma unroll
+        for (int off = LPT; off < 32; off <<= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, off));
+        const float f = M == -INFINITY ? 0.0f : exp2f(m[g] - M);
+        float lg = l[g] * f;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) o[g][e] *= f;
+#pragma unroll
+        for (int off = LPT; off < 32; off <<= 1) {
+            lg += __shfl_xor_sync(0xffffffffu, lg, off);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) o[g][e] += __shfl_xor_sync(0xffffffffu, o[g][e], off);
+        }
+        if (grp == 0) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) s_o[warp][g][c * 8 + e] = o[g][e];
+            if (c == 0) {
+                s_mw[warp][g] = M;
+                s_lw[warp][g] = lg;
+            }
+        }
+    }
+    __syncthreads();
+    for (int i = tid; i < hb * D; i += kAttnThreads) {
+        const int g = i / D, d = i % D;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < kAttnWarps; ++w) M = fmaxf(M, s_mw[w][g]);
+        float L = 0.0f, O = 0.0f;
+#pragma unroll
+        for (int w = 0; w < kAttnWarps; ++w) {
+            const float f = s_mw[w][g] == -INFINITY ? 0.0f : exp2f(s_mw[w][g] - M);
+            L = fmaf(s_lw[w][g], f, L);
+            O = fmaf(s_o[w][g][d], f, O);
+        }
+        if (ns == 1) {  // the only split: the output
+            out[static_cast<size_t>(h0 + g) * D + d] = __float2half_rn(O / L);
+        } else {
+            part_o[(static_cast<size_t>(h0 + g) * max_splits + split) * D + d] = O / L;
+            if (d == 0) {
+                float* ml = part_ml + (static_cast<size_t>(h0 + g) * max_splits + split) * 2;
+                ml[0] = M;
+                ml[1] = L;
+            }
+        }
+    }
+    if (ns == 1) return;
+    // Publish the partials; the last of the slab's ns blocks merges (threadFenceReduction pattern).
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) s_last = atomicAdd(&counters[h0], 1) == ns - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    if (tid == 0) counters[h0] = 0;  // ready for the next launch
+    // Per head (one warp each): the splits' (m, l), lanes over splits, combined into the largest max M and 1 / the
+    // total weight.
+    for (int g = warp; g < hb; g += kAttnWarps) {
+        const float* ml = part_ml + static_cast<size_t>(h0 + g) * max_splits * 2;
+        float mloc = -INFINITY, lloc = 0.0f;
+        for (int sp = lane; sp < ns; sp += 32) {
+            const float2 v = __ldcg(reinterpret_cast<const float2*>(ml + 2 * sp));
+            const float mn = fmaxf(mloc, v.x);
+            lloc = lloc * exp2f(mloc - mn) + v.y * exp2f(v.x - mn);  // mloc = -inf at first: exp2f(-inf) = 0
+            mloc = mn;
+        }
+        const float M = warp_max(mloc);
+        const float den = warp_sum(mloc == -INFINITY ? 0.0f : lloc * exp2f(mloc - M));
+        if (lane == 0) {
+            s_m[g] = M;
+            s_l[g] = 1.0f / den;
+        }
+    }
+    __syncthreads();
+    // out[g][d] = sum_s w[g][s] * o_s[g][d], w = l_s 2^(m_s - M) / den. Splits in chunks of kMergeChunk whose weights
+    // go to shared memory; each thread keeps OPT outputs and loads B splits' partials into registers at once, so that
+    // OPT * B independent loads are in flight (a plain loop would wait for each load in turn).
+    constexpr int OPT = (HB * D + kAttnThreads - 1) / kAttnThreads;
+    constexpr int B = OPT >= 16 ? 1 : 16 / OPT;
+    float accum[OPT];
+#pragma unroll
+    for (int o2 = 0; o2 < OPT; ++o2) accum[o2] = 0.0f;
+#pragma unroll 1
+    for (int s0 = 0; s0 < ns; s0 += kMergeChunk) {
+        const int cnt = min(kMergeChunk, ns - s0);
+        for (int i = tid; i < HB * kMergeChunk; i += kAttnThreads) {
+            const int g = i / kMergeChunk, j = i % kMergeChunk;
+            float w = 0.0f;
+            if (g < hb && j < cnt) {
+                const float2 v = __ldcg(
+                    reinterpret_cast<const float2*>(part_ml + (static_cast<size_t>(h0 + g) * max_splits + s0 + j) * 2));
+                w = v.y * exp2f(v.x - s_m[g]) * s_l[g];
+            }
+            s_w[g][j] = w;
+        }
+        __syncthreads();
+#pragma unroll 1
+        for (int j0 = 0; j0 < cnt; j0 += B) {
+            float val[OPT][B];
+#pragma unroll
+            for (int o2 = 0; o2 < OPT; ++o2) {
+                const int idx = tid + o2 * kAttnThreads;
+                const int g = idx / D, d = idx % D;
+#pragma unroll
+                for (int b = 0; b < B; ++b) {
+                    val[o2][b] = 0.0f;
+                    if (idx < hb * D && j0 + b < cnt)
+                        val[o2][b] =
+                            __ldcg(part_o + (static_cast<size_t>(h0 + g) * max_splits + s0 + j0 + b) * D + d);
+                }
+            }
+#pragma unroll
+            for (int o2 = 0; o2 < OPT; ++o2) {
+                const int g = min((tid + o2 * kAttnThreads) / D, HB - 1);
+#pragma unroll
+                for (int b = 0; b < B; ++b)
+                    if (j0 + b < cnt) accum[o2] = fmaf(s_w[g][j0 + b], val[o2][b], accum[o2]);
+            }
+        }
+        __syncthreads();  // s_w is rewritten by the next chunk
+    }
+#pragma unroll
+    for (int o2 = 0; o2 < OPT; ++o2) {
+        const int idx = tid + o2 * kAttnThreads;
+        if (idx < hb * D) out[static_cast<size_t>(h0) * D + idx] = __float2half_rn(accum[o2]);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Host-side dispatch
+// ---------------------------------------------------------------------------------------------------------------------
+int pow2_group(int g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8; }
+
+template <int D, int GT>
+void launch_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
+                   int page_budget, GqaPolicy policy, cudaStream_t stream) {
+    constexpr int smem = ScoreCfg<D, GT>::SMEM_BYTES;
+    static std::atomic<uint64_t> attr_set{0};  // devices on which the > 48 KB opt-in was made
+    static std::atomic<int> per_sm{0};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;
+    if (!bit || !(attr_set.load(std::memory_order_acquire) & bit)) {  // first launch on this device
+        CUDA_CHECK(cudaFuncSetAttribute(page_scores_kernel<D, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        int b = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, page_scores_kernel<D, GT>, kScoreThreads, smem));
+        per_sm.store(std::max(b, 1), std::memory_order_relaxed);
+        attr_set.fetch_or(bit, std::memory_order_release);
+    }
+    const long long max_items =
+        static_cast<long long>(ceil_div(std::max(kv.max_pages - 1, 1), kScoreTile)) * kv.num_kv_heads;
+    const long long resident = static_cast<long long>(sm_count()) * per_sm.load(std::memory_order_relaxed);
+    const int grid = static_cast<int>(std::min(max_items, resident));
+    page_scores_kernel<D, GT><<<grid, kScoreThreads, smem, stream>>>(
+        scores, q, kv.kmin, kv.kmax, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size),
+        page_budget, policy == GqaPolicy::PerHead, policy == GqaPolicy::KvSum);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_scores_d(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
+                     int page_budget, GqaPolicy policy, cudaStream_t stream) {
+    switch (pow2_group(num_heads / kv.num_kv_heads)) {
+        case 1: return launch_scores<D, 1>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 2: return launch_scores<D, 2>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 4: return launch_scores<D, 4>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        default: return launch_scores<D, 8>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+    }
+}
+
+struct AttnArgs {
+    __half* out;
+    const __half* q;
+    const KvLayerView* kv;
+    const int* d_pos;
+    const int* selected;
+    int num_heads;
+    int page_budget;
+    GqaPolicy policy;
+    float scale;
+    const QuestWorkspace* ws;
+    int pages_per_split;
+    int max_splits;
+    cudaStream_t stream;
+};
+
+template <int D, int HB>
+void launch_attention(const AttnArgs& a) {
+    const KvLayerView& kv = *a.kv;
+    const int G = a.num_heads / kv.num_kv_heads;
+    const bool per_head = a.policy == GqaPolicy::PerHead;
+    const int slabs = per_head ? a.num_heads : kv.num_kv_heads * ceil_div(G, HB);
+    const dim3 grid(a.max_splits, slabs);
+    sparse_attention_kernel<D, HB><<<grid, kAttnThreads, 0, a.stream>>>(
+        a.out, a.ws->partial_o, a.ws->partial_ml, a.ws->counters, a.q, kv.k, kv.v, a.selected, a.d_pos, a.num_heads,
+        kv.num_kv_heads, kv.capacity, kv.max_pages, log2_exact(kv.page_size), a.page_budget, a.pages_per_split,
+        a.max_splits, per_head ? 1 : 0, a.scale * 1.4426950408889634f);
+    CUDA_CHECK_LAUNCH();
+}
+
+template <int D>
+void launch_attention_d(const AttnArgs& a) {
+    const int hb = a.policy == GqaPolicy::PerHead ? 1 : pow2_group(a.num_heads / a.kv->num_kv_heads);
+    switch (hb) {
+        case 1: return launch_attention<D, 1>(a);
+        case 2: return launch_attention<D, 2>(a);
+        case 4: return launch_attention<D, 4>(a);
+        default: return launch_attention<D, kAttnMaxHeads>(a);
+    }
+}
+
+}  // namespace
+
+int quest_selection_rows(int num_heads, int num_kv_heads, GqaPolicy policy) {
+    return policy == GqaPolicy::PerHead ? num_heads : num_kv_heads;
+}
+
+QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int head_dim, int page_size,
+                                          int max_pages, int page_budget, GqaPolicy policy, int pages_per_split) {
+    QUEST_REQUIRE(num_kv_heads >= 1 && num_heads >= 1 && num_heads % num_kv_heads == 0,
+                  "num_heads must be a positive multiple of num_kv_heads");
+    QUEST_REQUIRE(head_dim_supported(head_dim), "head_dim must be one of 8, 16, 32, 64, 128, 256");
+    QUEST_REQUIRE(page_size >= 1 && page_size <= 256 && (page_size & (page_size - 1)) == 0,
+                  "page_size must be a power of two in [1, 256]");
+    QUEST_REQUIRE(max_pages >= 1 && page_budget >= 1, "max_pages and page_budget must be >= 1");
+    QUEST_REQUIRE(pages_per_split >= 0 && pages_per_split <= kMaxPagesPerSplit, "pages_per_split in [0, 128]");
+    QuestWorkspaceSizes s;
+    s.rows = quest_selection_rows(num_heads, num_kv_heads, policy);
+    int pps = pages_per_split;
+    if (pps == 0) {
+        // About 128 tokens per attention block (measured on an H200 at 32K tokens, B = 2048, S = 16: 8 pages per
+        // block beat 2 and 4 for MHA and GQA; fewer pages per block mean more blocks to merge).
+        pps = std::max(1, 128 / page_size);
+    }
+    pps = std::min(pps, page_budget);
+    s.pages_per_split = pps;
+    s.max_splits = ceil_div(page_budget, pps);
+    s.scores = static_cast<size_t>(s.rows) * max_pages;
+    s.selected = static_cast<size_t>(s.rows) * page_budget;
+    s.topk_scratch = 0;
+    s.partial_o = static_cast<size_t>(num_heads) * s.max_splits * head_dim;
+    s.partial_ml = static_cast<size_t>(num_heads) * s.max_splits * 2;
+    s.counters = static_cast<size_t>(num_heads);
+    return s;
+}
+
+void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
+                       int page_budget, GqaPolicy policy, cudaStream_t stream) {
+    require_kv(kv, num_heads, page_budget);
+    QUEST_REQUIRE(scores && q && kv.kmin && kv.kmax && d_pos, "null pointer");
+    QUEST_REQUIRE(is_aligned(kv.kmin, 16) && is_aligned(kv.kmax, 16) && is_aligned(q, 4),
+                  "metadata must be 16-byte aligned, q 4-byte aligned");
+    switch (kv.head_dim) {
+        case 8: return launch_scores_d<8>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 16: return launch_scores_d<16>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 32: return launch_scores_d<32>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 64: return launch_scores_d<64>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 128: return launch_scores_d<128>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        default: return launch_scores_d<256>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+    }
+}
+
+void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
+                 int page_budget, cudaStream_t stream) {
+    QUEST_REQUIRE(selected && scores && d_pos, "null pointer");
+    QUEST_REQUIRE(rows >= 1 && score_stride >= 1 && page_budget >= 1, "rows, score_stride, page_budget >= 1");
+    QUEST_REQUIRE(page_size >= 1 && page_size <= 256 && (page_size & (page_size - 1)) == 0,
+                  "page_size must be a power of two in [1, 256]");
+    const bool cache = score_stride <= kTopkCacheMax;
+    const int smem = cache ? score_stride * static_cast<int>(sizeof(uint32_t)) : 0;
+    if (smem > 32 * 1024)  // opt in beyond the default 48 KB (static + dynamic); not a stream operation
+        CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    top_k_kernel<<<rows, kTopkThreads, smem, stream>>>(selected, scores, score_stride, d_pos, log2_exact(page_size),
+                                                      page_budget, cache ? 1 : 0);
+    CUDA_CHECK_LAUNCH();
+}
+
+void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
+                             const int* selected, int num_heads, int page_budget, GqaPolicy policy, float scale,
+                             const QuestWorkspace& ws, cudaStream_t stream) {
+    require_kv(kv, num_heads, page_budget);
+    QUEST_REQUIRE(out && q && kv.k && kv.v && d_pos && selected && ws.partial_o && ws.partial_ml && ws.counters,
+                  "null pointer");
+    QUEST_REQUIRE(is_aligned(kv.k, 16) && is_aligned(kv.v, 16) && is_aligned(q, 16),
+                  "K/V cache and q must be 16-byte aligned");
+    const QuestWorkspaceSizes sz = quest_workspace_sizes(num_heads, kv.num_kv_heads, kv.head_dim, kv.page_size,
+                                                         kv.max_pages, page_budget, policy, ws.pages_per_split);
+    AttnArgs a{out,   q,  &kv, d_pos, selected, num_heads, page_budget, policy,
+               scale, &ws, sz.pages_per_split, sz.max_splits, stream};
+    switch (kv.head_dim) {
+        case 8: return launch_attention_d<8>(a);
+        case 16: return launch_attention_d<16>(a);
+        case 32: return launch_attention_d<32>(a);
+        case 64: return launch_attention_d<64>(a);
+        case 128: return launch_attention_d<128>(a);
+        default: return launch_attention_d<256>(a);
+    }
+}
+
+void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
+                  int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws, cudaStream_t stream) {
+    const int rows = quest_selection_rows(num_heads, kv.num_kv_heads, policy);
+    QUEST_REQUIRE(ws.scores && ws.selected, "null pointer");
+    quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+    quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream);
+    attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream);
+}
+
+}  // namespace quest

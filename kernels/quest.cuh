@@ -1,0 +1,90 @@
+#pragma once
+// The GPU Quest decode path (Tang et al., ICML 2024; semantics in docs/quest.md) for one layer and one sequence:
+//   1. quest_page_scores: U(p, q) = sum_i max(q_i kmin[p][i], q_i kmax[p][i]) of every complete candidate page, per
+//      selection row (a KV head for KvMax/KvSum, the group's scores aggregated; a query head for PerHead);
+//   2. quest_top_k: per row the top-(K-1) candidates (ties -> lower page id) plus the last page, ascending;
+//   3. attention_decode_sparse: exact softmax attention of every query head over its row's selected pages.
+// CPU references: page_scores_ref, top_k_ref, quest_select_ref (kernels/quest.h), attention_pages_ref
+// (kernels/attention.h).
+//
+// Graph capture: every launcher reads the sequence length on the device — the sequence holds len = *d_pos + 1
+// tokens, the current one included and already appended to the cache, its page metadata already updated — and its
+// launch configuration depends only on shapes and capacity-level maxima (kv.max_pages, the page budget), never on
+// len. No launcher synchronises, allocates or copies: capture a step once, replay it at any length by changing
+// *d_pos. Work beyond len is skipped on the device. Lengths beyond the cache (len > kv.capacity) write nothing.
+//
+// Numerics: scores are fp32 sums over the channels in channel order of exact fp16 x fp16 products, i.e. the same
+// rounding as page_scores_ref (KvSum adds the group's heads in head order, as quest_select_ref does), so the GPU and
+// CPU rankings agree bit for bit. Attention uses an exp2-based online softmax with fp32 accumulation; the output is
+// fp16.
+#include <cstddef>
+
+#include "kernels/cuda_common.cuh"
+#include "kernels/quest.h"
+#include "kernels/rope.cuh"
+
+namespace quest {
+
+// Selection rows of a policy: num_kv_heads for KvMax/KvSum (one page set per KV head), num_heads for PerHead.
+int quest_selection_rows(int num_heads, int num_kv_heads, GqaPolicy policy);
+
+// Workspace of one layer's Quest decode, in elements. Depends on shapes and capacity only (not on the length).
+struct QuestWorkspaceSizes {
+    int rows = 0;             // selection rows (quest_selection_rows)
+    int pages_per_split = 0;  // selected pages handled by one attention block
+    int max_splits = 0;       // ceil(page_budget / pages_per_split): partial results per query head
+    size_t scores = 0;        // floats: [rows][max_pages]            (row stride max_pages)
+    size_t selected = 0;      // ints:   [rows][page_budget]          (row stride page_budget)
+    size_t topk_scratch = 0;  // bytes:  0 (the top-k keeps its histograms and keys in shared memory)
+    size_t partial_o = 0;     // floats: [num_heads][max_splits][head_dim]
+    size_t partial_ml = 0;    // floats: [num_heads][max_splits][2]   (running max in log2 units, sum of exp2)
+    size_t counters = 0;      // ints:   [num_heads], ZEROED ONCE after allocation; every launch leaves them zero
+    size_t bytes() const { return 4 * (scores + selected + partial_o + partial_ml + counters) + topk_scratch; }
+};
+// page_size S: a power of two in [1, 256]; max_pages: pages per KV head (KvLayerView::max_pages); page_budget K >= 1.
+// pages_per_split: 0 picks the default (about 128 tokens per attention block, fewer when the grid would be small);
+// a value in [1, 128] forces it (tuning, tests). Pass the same value in QuestWorkspace::pages_per_split.
+QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int head_dim, int page_size,
+                                          int max_pages, int page_budget, GqaPolicy policy, int pages_per_split = 0);
+
+// Device buffers sized by quest_workspace_sizes (allocated once, outside the decode loop; cudaMalloc alignment).
+// `counters` must be zeroed once (cudaMemset) before the first launch; the kernels leave them zero.
+struct QuestWorkspace {
+    float* scores = nullptr;
+    int* selected = nullptr;
+    float* partial_o = nullptr;
+    float* partial_ml = nullptr;
+    int* counters = nullptr;
+    int pages_per_split = 0;  // as passed to quest_workspace_sizes (0: the default)
+};
+
+// Step 1. q: [num_heads][head_dim] fp16 (post-RoPE). With P = ceil(len / S) pages: when P > page_budget, writes
+// scores[r][p] for every candidate page p < P - 1 (row stride kv.max_pages); a dense step (P <= page_budget) needs no
+// scores and writes nothing; nothing is ever written at p >= P - 1. Reads each KV head's metadata once (for groups of
+// more than 8 query heads: once per 8 heads), with 16-byte coalesced loads.
+void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
+                       int page_budget, GqaPolicy policy, cudaStream_t stream);
+
+// Step 2. For each of `rows` rows of `scores` (row stride score_stride >= the largest candidate count, P - 1):
+// P = ceil(len / page_size); if P <= page_budget, selected[r][i] = i for i < P (dense step); otherwise
+// selected[r][0 .. K-1) = the top-(K-1) candidates among scores[r][0 .. P-1) by score (ties: lower page id) in
+// ascending page order, and selected[r][K-1] = P - 1. Only the first min(P, K) entries of a row are written (the
+// count is min(P, K), derivable from len). Exact: a radix select on order-preserving keys (-0 counts as +0).
+void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
+                 int page_budget, cudaStream_t stream);
+
+// Step 3. out: [num_heads][head_dim] fp16 = softmax(q_h . k_t * scale) . v_t over the tokens t < len of the pages
+// listed in selected[row(h)][0 .. min(P, K)) (ascending page ids ending with P - 1, as quest_top_k writes them;
+// row(h) = h / G for KvMax/KvSum, h for PerHead). For KvMax/KvSum one block reads a page once for up to 8 query
+// heads of its group; for PerHead each query head reads its own pages. Uses ws.partial_o, ws.partial_ml,
+// ws.counters and ws.pages_per_split (one launch: the split partials are merged by the last block of each head
+// group).
+void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
+                             const int* selected, int num_heads, int page_budget, GqaPolicy policy, float scale,
+                             const QuestWorkspace& ws, cudaStream_t stream);
+
+// Steps 1-3 for one layer (3 launches, graph-capturable). scale: usually 1/sqrt(head_dim).
+void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
+                  int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws, cudaStream_t stream);
+
+}  // namespace quest

@@ -1,0 +1,123 @@
+#include <cstdint>
+
+#include "kernels/rope.cuh"
+
+namespace quest {
+
+namespace {
+
+// One block per token; threads walk the (head, pair) grid of q and k, then copy v.
+__global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* qkv, const int* d_pos, int T,
+                                   int num_heads, RopeDeviceParams rope) {
+    pdl_wait();
+    const int t = blockIdx.x;
+    const int D = kv.head_dim, half = D / 2;
+    const int pos = *d_pos + t;
+    const int q_dim = num_heads * D, kv_dim = kv.num_kv_heads * D;
+    const float* row = qkv + static_cast<int64_t>(t) * (q_dim + 2 * kv_dim);
+    const int page = pos / kv.page_size;
+    const bool first_in_page = pos % kv.page_size == 0;
+
+    // Dynamic NTK: frequencies from this pass's length (model/rope.cpp, rope_frequencies).
+    double dyn_base = 0;
+    if (rope.dynamic) {
+        const double max_pos = rope.max_position_embeddings;
+        const double len = fmax(static_cast<double>(rope.dynamic_len > 0 ? rope.dynamic_len : *d_pos + T), max_pos);
+        dyn_base = rope.theta * pow((rope.factor * len / max_pos) - (rope.factor - 1.0), double(D) / (D - 2));
+    }
+
+    const int pairs = (num_heads + kv.num_kv_heads) * half;
+    for (int idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
+        const int h = idx / half, i = idx % half;
+        float inv_freq;
+        if (rope.dynamic) {
+            const float exponent = static_cast<float>(2 * i) / static_cast<float>(D);
+            inv_freq = 1.0f / powf(static_cast<float>(dyn_base), exponent);
+        } else {
+            inv_freq = rope.inv_freq[i];
+        }
+        const float angle = static_cast<float>(pos) * inv_freq;
+        float s, c;
+        sincosf(angle, &s, &c);
+        c *= rope.attention_scaling;
+        s *= rope.attention_scaling;
+        if (h < num_heads) {  // query head
+            const float a = row[h * D + i], b = row[h * D + i + half];
+            __half* qo = q_out + (static_cast<int64_t>(t) * num_heads + h) * D;
+            qo[i] = __float2half_rn(a * c - b * s);
+            qo[i + half] = __float2half_rn(b * c + a * s);
+        } else {  // key head: rotate, store, fold into the page metadata
+            const int kh = h - num_heads;
+            const float a = row[q_dim + kh * D + i], b = row[q_dim + kh * D + i + half];
+            const __half k1 = __float2half_rn(a * c - b * s);
+            const __half k2 = __float2half_rn(b * c + a * s);
+            __half* kc = kv.k + (static_cast<int64_t>(kh) * kv.capacity + pos) * D;
+            kc[i] = k1;
+            kc[i + half] = k2;
+            if (T == 1) {
+                const int64_t m = (static_cast<int64_t>(kh) * kv.max_pages + page) * D;
+                if (first_in_page) {
+                    kv.kmin[m + i] = k1;
+                    kv.kmax[m + i] = k1;
+                    kv.kmin[m + i + half] = k2;
+                    kv.kmax[m + i + half] = k2;
+                } else {
+                    kv.kmin[m + i] = __hmin(kv.kmin[m + i], k1);
+                    kv.kmax[m + i] = __hmax(kv.kmax[m + i], k1);
+                    kv.kmin[m + i + half] = __hmin(kv.kmin[m + i + half], k2);
+                    kv.kmax[m + i + half] = __hmax(kv.kmax[m + i + half], k2);
+                }
+            }
+        }
+    }
+    // Values: copied as they are.
+    for (int idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
+        const int kh = idx / D, i = idx % D;
+        kv.v[(static_cast<int64_t>(kh) * kv.capacity + pos) * D + i] = __float2half_rn(row[q_dim + kv_dim + idx]);
+    }
+}
+
+// grid (kv heads, pages), threads over channels.
+__global__ void metadata_rebuild_kernel(KvLayerView kv, int first_page, int len) {
+    const int kh = blockIdx.x, page = first_page + blockIdx.y, D = kv.head_dim;
+    const int t0 = page * kv.page_size, t1 = min(len, t0 + kv.page_size);
+    if (t0 >= t1) return;
+    const __half* k = kv.k + static_cast<int64_t>(kh) * kv.capacity * D;
+    const int64_t m = (static_cast<int64_t>(kh) * kv.max_pages + page) * D;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        __half mn = k[static_cast<int64_t>(t0) * D + i], mx = mn;
+        for (int t = t0 + 1; t < t1; ++t) {
+            const __half x = k[static_cast<int64_t>(t) * D + i];
+            mn = __hmin(mn, x);
+            mx = __hmax(mx, x);
+        }
+        kv.kmin[m + i] = mn;
+        kv.kmax[m + i] = mx;
+    }
+}
+
+}  // namespace
+
+void rope_append_kv(__half* q_out, const KvLayerView& kv, const float* qkv, const int* d_pos, int T, int num_heads,
+                    const RopeDeviceParams& rope, cudaStream_t stream) {
+    QUEST_REQUIRE(q_out && kv.k && kv.v && qkv && d_pos && T > 0 && num_heads > 0, "rope_append_kv: bad arguments");
+    QUEST_REQUIRE(kv.head_dim % 2 == 0 && kv.page_size > 0, "rope_append_kv: head_dim must be even");
+    QUEST_REQUIRE(rope.dynamic || rope.inv_freq, "rope_append_kv: inv_freq table missing");
+    QUEST_REQUIRE(T > 1 || (kv.kmin && kv.kmax), "rope_append_kv: metadata missing");
+    const int work = (num_heads + kv.num_kv_heads) * kv.head_dim / 2;
+    const int threads = work >= 512 ? 512 : ((work + 31) / 32) * 32;
+    launch_pdl(rope_append_kernel, dim3(T), dim3(threads), 0, stream, q_out, kv, qkv, d_pos, T, num_heads, rope);
+}
+
+void page_metadata_rebuild(const KvLayerView& kv, int first_page, int last_page, int len, cudaStream_t stream) {
+    QUEST_REQUIRE(kv.kmin && kv.kmax && first_page >= 0 && last_page < kv.max_pages && len <= kv.capacity,
+                  "page_metadata_rebuild: bad arguments");
+    if (last_page < first_page) return;
+    QUEST_REQUIRE(last_page - first_page < 65536, "page_metadata_rebuild: at most 65535 pages per call");
+    const int threads = kv.head_dim >= 128 ? 128 : ((kv.head_dim + 31) / 32) * 32;
+    metadata_rebuild_kernel<<<dim3(kv.num_kv_heads, last_page - first_page + 1), threads, 0, stream>>>(kv, first_page,
+                                                                                                     len);
+    CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace quest

@@ -1,0 +1,468 @@
+#include "model/llama_cuda.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "kernels/attention_prefill.cuh"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/quest.cuh"
+#include "model/error.h"
+#include "model/rope.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace quest {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
+
+size_t weight_bytes(const ModelConfig& c) {
+    const size_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, q = c.q_dim(), kv = c.kv_dim();
+    size_t per_layer = align_up((q + 2 * kv) * H * 2) + align_up(H * q * 2) + align_up(2 * F * H * 2) +
+                       align_up(H * F * 2) + 2 * align_up(H * 4);
+    return c.num_layers * per_layer + align_up(V * H * 2) * (c.tie_word_embeddings ? 1 : 2) + align_up(H * 4);
+}
+
+}  // namespace
+
+std::string MemoryPlan::describe() const {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "weights %.2f GiB + KV cache %.2f GiB + page metadata %.2f GiB + workspace %.2f GiB = %.2f GiB",
+                  gib(weights), gib(kv_cache), gib(metadata), gib(workspace), gib(total()));
+    return buf;
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o) {
+    MemoryPlan p;
+    const size_t L = c.num_layers, kv = c.kv_dim(), D = c.head_dim;
+    const size_t pages = (capacity + q.page_size - 1) / q.page_size;
+    const size_t tokens = pages * q.page_size;
+    p.weights = weight_bytes(c);
+    p.kv_cache = L * 2 * kv * 2 * tokens;
+    p.metadata = L * 2 * c.num_kv_heads * pages * D * 2;
+    const size_t C = std::max(1, std::min(o.prefill_chunk, capacity));
+    const size_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, qd = c.q_dim();
+    const size_t act = C * (H * 4 /*x*/ + (qd + 2 * kv) * 4 /*qkv*/ + H * 4 /*proj*/ + 2 * F * 4 /*gu*/ +
+                            H * 2 /*xn*/ + qd * 2 /*q*/ + qd * 2 /*att*/ + F * 2 /*act*/ + 4 /*tokens*/);
+    const int split_tokens = o.split_tokens > 0 ? o.split_tokens : default_split_tokens(static_cast<int>(tokens));
+    const size_t splits = (tokens + split_tokens - 1) / split_tokens;
+    const size_t split_ws = split_workspace_floats(c.num_heads, c.head_dim, static_cast<int>(splits)) * 4;
+    const size_t quest_ws = q.full_attention ? 0
+                                             : quest_workspace_sizes(c.num_heads, c.num_kv_heads, c.head_dim,
+                                                                     q.page_size, static_cast<int>(pages),
+                                                                     q.page_budget(), q.gqa_policy)
+                                                   .bytes();
+    p.workspace = act + split_ws + quest_ws + V * 4 + (64 << 20) /* cuBLAS and slack */;
+    return p;
+}
+
+CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o)
+    : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0) {
+    quest_.validate();
+    if (cuda_device_count() == 0)
+        throw ResourceError("--backend cuda: no CUDA device is available on this machine");
+    if (capacity < 1) throw InputError("context capacity must be >= 1");
+    max_pages_ = (capacity + q.page_size - 1) / q.page_size;
+    capacity_ = max_pages_ * q.page_size;
+    if (c.head_dim % 8 != 0 || c.head_dim > 256)
+        throw InputError("the CUDA backend needs head_dim to be a multiple of 8 and at most 256, got " +
+                         std::to_string(c.head_dim));
+    const int group = c.num_heads / c.num_kv_heads;
+    if (group != 1 && group != 2 && group != 4 && group != 8)
+        throw InputError("the CUDA backend supports GQA group sizes 1, 2, 4 and 8, got " + std::to_string(group));
+
+    plan_ = plan_memory(c_, quest_, capacity_, opts_);
+    size_t free_b = 0, total_b = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+    const size_t limit = opts_.memory_limit ? opts_.memory_limit : free_b - std::min<size_t>(free_b, 512ull << 20);
+    if (plan_.total() > limit) {
+        char buf[512];
+        std::snprintf(buf, sizeof buf,
+                      "not enough GPU memory for a %d-token context: need %s, but %.2f GiB are available. Hint: lower "
+                      "the context with -c, or use 4-bit weights.",
+                      capacity_, plan_.describe().c_str(), gib(limit));
+        throw ResourceError(buf);
+    }
+    spdlog::info("memory plan: {}", plan_.describe());
+
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    CUBLAS_CHECK(cublasCreate(&cublas_));
+    CUDA_CHECK(cudaEventCreate(&ev_start_));
+    CUDA_CHECK(cudaEventCreate(&ev_stop_));
+    CUDA_CHECK(cudaMallocHost(&h_token_, sizeof(int)));
+    CUDA_CHECK(cudaMallocHost(&h_logits_, sizeof(float) * c_.vocab_size));
+    logits_host_.resize(c_.vocab_size);
+    size_t free_before = 0, free_after = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_before, &total_b));
+    allocate();
+    CUDA_CHECK(cudaMemGetInfo(&free_after, &total_b));
+    device_bytes_ = free_before - free_after;
+}
+
+CudaLlama::~CudaLlama() {
+    if (graph_) cudaGraphExecDestroy(graph_);
+    if (cublas_) cublasDestroy(cublas_);
+    if (ev_start_) cudaEventDestroy(ev_start_);
+    if (ev_stop_) cudaEventDestroy(ev_stop_);
+    if (h_token_) cudaFreeHost(h_token_);
+    if (h_logits_) cudaFreeHost(h_logits_);
+    if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaLlama::allocate() {
+    const size_t H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kv = c_.kv_dim();
+    const size_t L = c_.num_layers, D = c_.head_dim;
+    // Weights: one arena, carved in file order.
+    weight_arena_ = DeviceBuffer<char>(weight_bytes(c_));
+    char* p = weight_arena_.get();
+    auto take = [&](size_t bytes) {
+        char* r = p;
+        p += align_up(bytes);
+        return r;
+    };
+    embed_ = reinterpret_cast<__half*>(take(V * H * 2));
+    layers_.resize(L);
+    for (Layer& l : layers_) {
+        l.wqkv = reinterpret_cast<__half*>(take((qd + 2 * kv) * H * 2));
+        l.wo = reinterpret_cast<__half*>(take(H * qd * 2));
+        l.wgu = reinterpret_cast<__half*>(take(2 * F * H * 2));
+        l.wdown = reinterpret_cast<__half*>(take(H * F * 2));
+        l.attn_norm = reinterpret_cast<float*>(take(H * 4));
+        l.mlp_norm = reinterpret_cast<float*>(take(H * 4));
+    }
+    final_norm_ = reinterpret_cast<float*>(take(H * 4));
+    lm_head_ = c_.tie_word_embeddings ? embed_ : reinterpret_cast<__half*>(take(V * H * 2));
+
+    // KV cache and metadata. Poisoned (0xFF = NaN) so that a read of an unwritten position cannot go unnoticed.
+    const size_t kv_elems = L * c_.num_kv_heads * static_cast<size_t>(capacity_) * D;
+    const size_t meta_elems = L * c_.num_kv_heads * static_cast<size_t>(max_pages_) * D;
+    k_cache_ = DeviceBuffer<__half>(kv_elems);
+    v_cache_ = DeviceBuffer<__half>(kv_elems);
+    kmin_ = DeviceBuffer<__half>(meta_elems);
+    kmax_ = DeviceBuffer<__half>(meta_elems);
+    for (auto* b : {&k_cache_, &v_cache_, &kmin_, &kmax_}) b->fill_bytes(0xFF);
+
+    // RoPE frequencies, once.
+    const RopeFrequencies f = rope_frequencies(c_, 1);
+    inv_freq_ = DeviceBuffer<float>(f.inv_freq.size());
+    inv_freq_.upload(f.inv_freq);
+    rope_.inv_freq = inv_freq_.get();
+    rope_.attention_scaling = f.attention_scaling;
+    rope_.dynamic = rope_depends_on_length(c_);
+    rope_.theta = c_.rope_theta;
+    rope_.factor = c_.rope.factor;
+    rope_.max_position_embeddings = c_.max_position_embeddings;
+
+    // Activations for one prefill chunk (decode uses the first row).
+    const size_t C = std::max(1, std::min(opts_.prefill_chunk, capacity_));
+    d_pos_ = DeviceBuffer<int>(1);
+    d_tokens_ = DeviceBuffer<int>(C);
+    x_ = DeviceBuffer<float>(C * H);
+    qkv_ = DeviceBuffer<float>(C * (qd + 2 * kv));
+    proj_ = DeviceBuffer<float>(C * H);
+    gu_ = DeviceBuffer<float>(C * 2 * F);
+    logits_ = DeviceBuffer<float>(V);
+    xn_ = DeviceBuffer<__half>(C * H);
+    q_ = DeviceBuffer<__half>(C * qd);
+    att_ = DeviceBuffer<__half>(C * qd);
+    act_ = DeviceBuffer<__half>(C * F);
+    if (opts_.split_tokens <= 0) opts_.split_tokens = default_split_tokens(capacity_);
+    const int splits = ceil_div(capacity_, opts_.split_tokens);
+    ws_float_ = DeviceBuffer<float>(split_workspace_floats(c_.num_heads, c_.head_dim, splits));
+    split_counters_ = DeviceBuffer<int>(c_.num_kv_heads);
+    split_counters_.fill_bytes(0);
+    split_ws_.o = ws_float_.get();
+    split_ws_.ml = ws_float_.get() + static_cast<size_t>(c_.num_heads) * splits * c_.head_dim;
+    split_ws_.counters = split_counters_.get();
+    split_ws_.max_splits = splits;
+    if (!quest_.full_attention) {
+        const QuestWorkspaceSizes qs = quest_workspace_sizes(c_.num_heads, c_.num_kv_heads, c_.head_dim,
+                                                             quest_.page_size, max_pages_, quest_.page_budget(),
+                                                             quest_.gqa_policy);
+        quest_scores_ = DeviceBuffer<float>(qs.scores);
+        quest_selected_ = DeviceBuffer<int>(qs.selected);
+        quest_partial_ = DeviceBuffer<float>(qs.partial_o + qs.partial_ml);
+        quest_counters_ = DeviceBuffer<int>(qs.counters);
+        quest_counters_.fill_bytes(0);  // the kernels leave them zero after every launch
+        quest_ws_.scores = quest_scores_.get();
+        quest_ws_.selected = quest_selected_.get();
+        quest_ws_.partial_o = quest_partial_.get();
+        quest_ws_.partial_ml = quest_partial_.get() + qs.partial_o;
+        quest_ws_.counters = quest_counters_.get();
+    }
+    reset();
+}
+
+KvLayerView CudaLlama::kv_view(int layer) const {
+    KvLayerView v;
+    const size_t kv_stride = static_cast<size_t>(c_.num_kv_heads) * capacity_ * c_.head_dim;
+    const size_t meta_stride = static_cast<size_t>(c_.num_kv_heads) * max_pages_ * c_.head_dim;
+    v.k = k_cache_.get() + layer * kv_stride;
+    v.v = v_cache_.get() + layer * kv_stride;
+    v.kmin = kmin_.get() + layer * meta_stride;
+    v.kmax = kmax_.get() + layer * meta_stride;
+    v.num_kv_heads = c_.num_kv_heads;
+    v.head_dim = c_.head_dim;
+    v.capacity = capacity_;
+    v.page_size = quest_.page_size;
+    v.max_pages = max_pages_;
+    return v;
+}
+
+void CudaLlama::reset() {
+    pos_ = 0;
+    CUDA_CHECK(cudaMemsetAsync(d_pos_.get(), 0, sizeof(int), stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Weights
+// ------------------------------------------------------------------------------------------------------------------
+
+std::unique_ptr<CudaLlama> CudaLlama::from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
+                                                  const CudaOptions& opts) {
+    std::unique_ptr<CudaLlama> m(new CudaLlama(model.config, quest, capacity, opts));
+    m->load_weights(model);
+    return m;
+}
+
+std::unique_ptr<CudaLlama> CudaLlama::random(const ModelConfig& config, const QuestSettings& quest, int capacity,
+                                             uint64_t seed, const CudaOptions& opts) {
+    std::unique_ptr<CudaLlama> m(new CudaLlama(config, quest, capacity, opts));
+    m->randomize_weights(seed);
+    return m;
+}
+
+void CudaLlama::load_weights(const ModelFolder& model) {
+    using N = LlamaTensorNames;
+    const ModelFiles files(model.dir);
+    const int64_t H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kv = c_.kv_dim();
+    // Staging buffer for raw file bytes (the largest tensor), and an overflow counter.
+    size_t largest = 0;
+    for (const TensorSpec& s : llama_tensor_specs(c_)) {
+        const TensorRef t = files.get(s.name, s.shape);
+        largest = std::max<size_t>(largest, t.info->nbytes());
+    }
+    DeviceBuffer<char> staging(largest);
+    DeviceBuffer<unsigned long long> overflow(1);
+    size_t clamped_total = 0;
+
+    // Converts tensor `name` into dst (fp16) or, for 1-D norm weights, into dst32 (fp32).
+    auto upload = [&](const std::string& name, std::initializer_list<int64_t> shape, __half* dst, float* dst32) {
+        const TensorRef t = files.get(name, std::span<const int64_t>(shape.begin(), shape.size()));
+        const DType dt = t.info->dtype;
+        if (!dtype_is_float(dt))
+            throw InputError(t.file->path().string() + ": tensor '" + name +
+                             "': dtype mismatch: Expected F32, F16 or BF16, Actual " + std::string(dtype_name(dt)));
+        const size_t n = static_cast<size_t>(t.info->numel());
+        if (dst32) {  // small: convert on the host
+            std::vector<float> host(n);
+            convert_to_f32(dt, t.data(), host.data(), n);
+            CUDA_CHECK(cudaMemcpy(dst32, host.data(), n * 4, cudaMemcpyHostToDevice));
+            return;
+        }
+        CUDA_CHECK(cudaMemcpy(staging.get(), t.data(), t.info->nbytes(), cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemsetAsync(overflow.get(), 0, sizeof(unsigned long long), stream_));
+        convert_to_half(dst, staging.get(), dt, n, overflow.get(), stream_);
+        unsigned long long clamped = 0;
+        CUDA_CHECK(cudaMemcpyAsync(&clamped, overflow.get(), sizeof clamped, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+        if (clamped) {
+            spdlog::warn("{}: tensor '{}': {} values outside the FP16 range (|x| > 65504) or NaN; clamped to +-65504",
+                         t.file->path().string(), name, clamped);
+            clamped_total += clamped;
+        }
+    };
+    upload(N::embed(), {V, H}, embed_, nullptr);
+    for (int l = 0; l < c_.num_layers; ++l) {
+        Layer& L = layers_[l];
+        upload(N::layer(l, "input_layernorm.weight"), {H}, nullptr, L.attn_norm);
+        upload(N::layer(l, "self_attn.q_proj.weight"), {qd, H}, L.wqkv, nullptr);
+        upload(N::layer(l, "self_attn.k_proj.weight"), {kv, H}, L.wqkv + qd * H, nullptr);
+        upload(N::layer(l, "self_attn.v_proj.weight"), {kv, H}, L.wqkv + (qd + kv) * H, nullptr);
+        upload(N::layer(l, "self_attn.o_proj.weight"), {H, qd}, L.wo, nullptr);
+        upload(N::layer(l, "post_attention_layernorm.weight"), {H}, nullptr, L.mlp_norm);
+        upload(N::layer(l, "mlp.gate_proj.weight"), {F, H}, L.wgu, nullptr);
+        upload(N::layer(l, "mlp.up_proj.weight"), {F, H}, L.wgu + F * H, nullptr);
+        upload(N::layer(l, "mlp.down_proj.weight"), {H, F}, L.wdown, nullptr);
+    }
+    upload(N::final_norm(), {H}, nullptr, final_norm_);
+    if (!c_.tie_word_embeddings) upload(N::lm_head(), {V, H}, lm_head_, nullptr);
+    if (clamped_total)
+        spdlog::warn("{} weight values were outside the FP16 range and were clamped (BF16/F32 checkpoint)", clamped_total);
+}
+
+void CudaLlama::randomize_weights(uint64_t seed) {
+    const size_t H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kv = c_.kv_dim();
+    uint64_t s = seed * 1000003ull;
+    auto fill = [&](__half* p, size_t n, size_t fan_in) {
+        fill_random_half(p, n, ++s, 1.0f / std::sqrt(static_cast<float>(fan_in)), 0.0f, stream_);
+    };
+    auto fill_norm = [&](float* p) { fill_random_float(p, H, ++s, 0.1f, 1.0f, stream_); };
+    fill_random_half(embed_, V * H, ++s, 1.0f, 0.0f, stream_);
+    for (Layer& l : layers_) {
+        fill(l.wqkv, (qd + 2 * kv) * H, H);
+        fill(l.wo, H * qd, qd);
+        fill(l.wgu, 2 * F * H, H);
+        fill(l.wdown, H * F, F);
+        fill_norm(l.attn_norm);
+        fill_norm(l.mlp_norm);
+    }
+    fill_norm(final_norm_);
+    if (!c_.tie_word_embeddings) fill(lm_head_, V * H, H);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Prefill
+// ------------------------------------------------------------------------------------------------------------------
+
+std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
+    const int n = static_cast<int>(tokens.size());
+    if (n == 0) throw InputError("prefill: no tokens (an empty prompt still holds BOS)");
+    if (pos_ + n > capacity_)
+        throw ResourceError("context full: " + std::to_string(pos_) + " + " + std::to_string(n) +
+                            " tokens exceed the KV cache capacity of " + std::to_string(capacity_) + " tokens");
+    for (int t : tokens)
+        if (t < 0 || t >= c_.vocab_size)
+            throw InputError("token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                             std::to_string(c_.vocab_size) + ")");
+    const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kvd = c_.kv_dim();
+    const float eps = static_cast<float>(c_.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    const int C = static_cast<int>(d_tokens_.size());
+    if (all_logits) {
+        all_logits->assign(static_cast<size_t>(n) * V, 0.0f);
+        if (chunk_logits_.size() == 0) chunk_logits_ = DeviceBuffer<float>(static_cast<size_t>(C) * V);
+    }
+    RopeDeviceParams rope = rope_;
+    rope.dynamic_len = pos_ + n;  // dynamic NTK: the whole prompt is one forward pass
+
+    for (int start = 0; start < n; start += C) {
+        const int T = std::min(C, n - start);
+        const int pos0 = pos_;
+        CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), tokens.data() + start, sizeof(int) * T, cudaMemcpyHostToDevice,
+                                   stream_));
+        embedding(x_.get(), embed_, d_tokens_.get(), T, H, V, stream_);
+        for (int l = 0; l < c_.num_layers; ++l) {
+            const Layer& L = layers_[l];
+            const KvLayerView kv = kv_view(l);
+            rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, T, H, eps, stream_);
+            gemm_cublas(cublas_, qkv_.get(), L.wqkv, xn_.get(), T, qd + 2 * kvd, H, stream_);
+            rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), T, c_.num_heads, rope, stream_);
+            page_metadata_rebuild(kv, pos0 / quest_.page_size, (pos0 + T - 1) / quest_.page_size, pos0 + T, stream_);
+            attention_prefill(att_.get(), q_.get(), kv, T, pos0, c_.num_heads, scale, stream_);
+            gemm_cublas(cublas_, proj_.get(), L.wo, att_.get(), T, H, qd, stream_);
+            rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, T, H, eps, stream_);
+            gemm_cublas(cublas_, gu_.get(), L.wgu, xn_.get(), T, 2 * F, H, stream_);
+            swiglu(act_.get(), gu_.get(), T, F, stream_);
+            gemm_cublas(cublas_, proj_.get(), L.wdown, act_.get(), T, H, F, stream_);
+        }
+        rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, T, H, eps, stream_);
+        if (all_logits) {
+            gemm_cublas(cublas_, chunk_logits_.get(), lm_head_, xn_.get(), T, V, H, stream_);
+            CUDA_CHECK(cudaMemcpyAsync(all_logits->data() + static_cast<size_t>(start) * V, chunk_logits_.get(),
+                                       sizeof(float) * T * V, cudaMemcpyDeviceToHost, stream_));
+        }
+        if (start + T == n) {
+            gemv(logits_.get(), lm_head_, xn_.get() + static_cast<size_t>(T - 1) * H, V, H, stream_);
+            CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_.get(), sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
+        }
+        advance_position(d_pos_.get(), T, stream_);
+        pos_ += T;
+    }
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    std::memcpy(logits_host_.data(), h_logits_, sizeof(float) * V);
+    return logits_host_;
+}
+
+// ------------------------------------------------------------------------------------------------------------------
+// Decode
+// ------------------------------------------------------------------------------------------------------------------
+
+void CudaLlama::enqueue_decode_step() {
+    const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kvd = c_.kv_dim();
+    const float eps = static_cast<float>(c_.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), h_token_, sizeof(int), cudaMemcpyHostToDevice, stream_));
+    embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);
+    for (int l = 0; l < c_.num_layers; ++l) {
+        const Layer& L = layers_[l];
+        const KvLayerView kv = kv_view(l);
+        rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
+        gemv(qkv_.get(), L.wqkv, xn_.get(), qd + 2 * kvd, H, stream_);
+        rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
+        if (quest_.quest_layer(l)) {
+            quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
+                         scale, quest_ws_, stream_);
+        } else {
+            attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
+                             stream_);
+        }
+        gemv(proj_.get(), L.wo, att_.get(), H, qd, stream_);
+        rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
+        gemv(gu_.get(), L.wgu, xn_.get(), 2 * F, H, stream_);
+        swiglu(act_.get(), gu_.get(), 1, F, stream_);
+        gemv(proj_.get(), L.wdown, act_.get(), H, F, stream_);
+    }
+    rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
+    gemv(logits_.get(), lm_head_, xn_.get(), V, H, stream_);
+    advance_position(d_pos_.get(), 1, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_.get(), sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
+}
+
+std::span<const float> CudaLlama::decode(int token) {
+    if (token < 0 || token >= c_.vocab_size)
+        throw InputError("token id " + std::to_string(token) + " outside the vocabulary");
+    if (pos_ + 1 > capacity_)
+        throw ResourceError("context full: the KV cache holds " + std::to_string(capacity_) + " tokens");
+    *h_token_ = token;
+    // The first step runs eagerly (it also performs one-time kernel attribute set-up); later steps replay a graph.
+    const bool capture = opts_.use_graph && decode_calls_ == 1 && !graph_;
+    if (capture) {
+        cudaGraph_t g = nullptr;
+        CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+        enqueue_decode_step();
+        CUDA_CHECK(cudaStreamEndCapture(stream_, &g));
+        CUDA_CHECK(cudaGraphInstantiate(&graph_, g, 0));
+        CUDA_CHECK(cudaGraphDestroy(g));
+    }
+    CUDA_CHECK(cudaEventRecord(ev_start_, stream_));
+    if (graph_) CUDA_CHECK(cudaGraphLaunch(graph_, stream_));
+    else enqueue_decode_step();
+    CUDA_CHECK(cudaEventRecord(ev_stop_, stream_));
+    CUDA_CHECK(cudaEventSynchronize(ev_stop_));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
+    last_ms_ = ms;
+    ++decode_calls_;
+    ++pos_;
+    std::memcpy(logits_host_.data(), h_logits_, sizeof(float) * c_.vocab_size);
+    return logits_host_;
+}
+
+size_t CudaLlama::decode_bytes() const {
+    const size_t len = static_cast<size_t>(pos_);
+    const size_t kv_token = 2ull * c_.kv_dim() * 2;  // K and V, fp16, per layer
+    size_t kv = 0;
+    for (int l = 0; l < c_.num_layers; ++l) {
+        const size_t pages = (len + quest_.page_size - 1) / quest_.page_size;
+        if (!quest_.quest_layer(l) || pages <= static_cast<size_t>(quest_.page_budget())) {
+            kv += len * kv_token;
+        } else {
+            const size_t meta = pages * 2ull * c_.num_kv_heads * c_.head_dim * 2;
+            const size_t sets = quest_.gqa_policy == GqaPolicy::PerHead ? c_.group_size() : 1;
+            kv += meta + sets * static_cast<size_t>(quest_.budget) * kv_token;
+        }
+    }
+    return weight_bytes(c_) + kv;
+}
+
+}  // namespace quest

@@ -1,0 +1,122 @@
+#pragma once
+// The CUDA backend: FP16 weights, paged FP16 KV cache with FP16 page metadata, chunked flash prefill, split-K
+// decode attention (Quest selection in the Quest layers), and the whole decode step captured once in a CUDA graph
+// and replayed (the position lives on the device; the only host synchronisation per step is reading the logits).
+#include <cublas_v2.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "kernels/attention_decode.cuh"
+#include "kernels/device_buffer.h"
+#include "kernels/quest.cuh"
+#include "kernels/rope.cuh"
+#include "model/config.h"
+
+namespace quest {
+
+struct CudaOptions {
+    int prefill_chunk = 2048;   // tokens per prefill chunk (activations scale with it, not with the prompt)
+    int split_tokens = 0;       // tokens per block of the split-K decode attention (0: default_split_tokens)
+    bool use_graph = true;      // capture the decode step in a CUDA graph (false: launch kernel by kernel)
+    size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
+};
+
+// Device memory the backend needs, computed before anything is allocated.
+struct MemoryPlan {
+    size_t weights = 0;
+    size_t kv_cache = 0;   // layers x 2 x kv_dim x 2 bytes per token
+    size_t metadata = 0;   // page min/max
+    size_t workspace = 0;  // activations, attention and Quest workspaces, logits
+    size_t total() const { return weights + kv_cache + metadata + workspace; }
+    std::string describe() const;
+};
+MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o);
+
+class CudaLlama final : public Backend {
+public:
+    // Weights from a model folder (F32, F16 or BF16 in the files; FP16 on the device; values beyond the FP16 range
+    // are clamped to +-65504 and reported, never turned into inf).
+    static std::unique_ptr<CudaLlama> from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
+                                                  const CudaOptions& opts = {});
+    // Random FP16 weights generated on the device (benchmarks of large shapes without a checkpoint).
+    static std::unique_ptr<CudaLlama> random(const ModelConfig& config, const QuestSettings& quest, int capacity,
+                                             uint64_t seed, const CudaOptions& opts = {});
+    ~CudaLlama() override;
+
+    std::string name() const override { return "cuda"; }
+    const ModelConfig& config() const override { return c_; }
+    const QuestSettings& quest() const override { return quest_; }
+    int capacity() const override { return capacity_; }
+    int position() const override { return pos_; }
+    void reset() override;
+    std::span<const float> prefill(std::span<const int> tokens, std::vector<float>* all_logits = nullptr) override;
+    std::span<const float> decode(int token) override;
+    double last_decode_ms() const override { return last_ms_; }
+    size_t device_memory_bytes() const override { return device_bytes_; }
+
+    const MemoryPlan& memory_plan() const { return plan_; }
+    // Bytes one decode step must read at the current position (weights + KV or Quest's share + metadata).
+    size_t decode_bytes() const;
+
+private:
+    CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o);
+    void allocate();
+    void load_weights(const ModelFolder& model);
+    void randomize_weights(uint64_t seed);
+    void enqueue_decode_step();  // every kernel of one decode step on stream_
+    KvLayerView kv_view(int layer) const;
+
+    struct Layer {
+        __half* wqkv = nullptr;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)
+        __half* wo = nullptr;     // [hidden][q_dim]
+        __half* wgu = nullptr;    // [2 intermediate][hidden]    (gate_proj | up_proj rows)
+        __half* wdown = nullptr;  // [hidden][intermediate]
+        float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
+        float* mlp_norm = nullptr;   // [hidden]
+    };
+
+    ModelConfig c_;
+    QuestSettings quest_;
+    CudaOptions opts_;
+    int capacity_;
+    int max_pages_;
+    MemoryPlan plan_;
+    int pos_ = 0;
+    double last_ms_ = 0;
+
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t cublas_ = nullptr;
+    cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;
+    int decode_calls_ = 0;
+    size_t device_bytes_ = 0;  // measured with cudaMemGetInfo around the allocations
+
+    // Device memory.
+    DeviceBuffer<char> weight_arena_;
+    std::vector<Layer> layers_;
+    __half* embed_ = nullptr;     // [vocab][hidden]
+    __half* lm_head_ = nullptr;   // [vocab][hidden] (== embed_ when tied)
+    float* final_norm_ = nullptr;
+    DeviceBuffer<__half> k_cache_, v_cache_, kmin_, kmax_;  // [layers][kv_heads][capacity or pages][head_dim]
+    DeviceBuffer<float> inv_freq_;
+    RopeDeviceParams rope_;
+    DeviceBuffer<int> d_pos_, d_tokens_;
+    DeviceBuffer<float> x_, qkv_, proj_, gu_, logits_, ws_float_;
+    DeviceBuffer<int> split_counters_;
+    DeviceBuffer<__half> xn_, q_, att_, act_;
+    DeviceBuffer<float> quest_scores_, quest_partial_;
+    DeviceBuffer<int> quest_selected_, quest_counters_;
+    QuestWorkspace quest_ws_;
+    SplitWorkspace split_ws_;
+    DeviceBuffer<float> chunk_logits_;  // [prefill_chunk][vocab], allocated when all logits are asked for
+
+    // Pinned host memory for the graph's copies.
+    int* h_token_ = nullptr;
+    float* h_logits_ = nullptr;
+    std::vector<float> logits_host_;
+};
+
+}  // namespace quest

@@ -1,0 +1,172 @@
+// Kernel micro-benchmarks on Llama-2-7B shapes (not a test): the batch-1 GEMV against cuBLAS, and decode attention
+// (full split-K, and Quest at several budgets) over one layer at 4K / 32K / 128K tokens. Times are medians of
+// CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
+// 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
+//
+//   quest_kernel_bench [gemv] [attention] [--json FILE]
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/attention_decode.cuh"
+#include "kernels/device_buffer.h"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemv.cuh"
+#include "kernels/quest.cuh"
+
+using namespace quest;
+
+namespace {
+
+// Median milliseconds of `iters` launches of fn(i) (i rotates the input copy), after `warmup` launches.
+double time_ms(const std::function<void(int)>& fn, int iters = 50, int warmup = 5) {
+    cudaEvent_t a, b;
+    CUDA_CHECK(cudaEventCreate(&a));
+    CUDA_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < warmup; ++i) fn(i);
+    std::vector<float> ms;
+    for (int i = 0; i < iters; ++i) {
+        CUDA_CHECK(cudaEventRecord(a));
+        fn(i);
+        CUDA_CHECK(cudaEventRecord(b));
+        CUDA_CHECK(cudaEventSynchronize(b));
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+        ms.push_back(t);
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    std::sort(ms.begin(), ms.end());
+    return ms[ms.size() / 2];
+}
+
+std::vector<std::string> g_json;
+
+void report(const std::string& what, double ms, double bytes) {
+    const double gbps = bytes / (ms * 1e-3) / 1e9;
+    std::printf("%-48s %10.4f ms %9.1f GB/s  (%5.1f%% of 4200)\n", what.c_str(), ms, gbps, 100.0 * gbps / 4200.0);
+    char buf[256];
+    std::snprintf(buf, sizeof buf, R"({"what": "%s", "ms": %.5f, "bytes": %.0f, "gbps": %.1f})", what.c_str(), ms, bytes,
+                  gbps);
+    g_json.push_back(buf);
+}
+
+void bench_gemv() {
+    cublasHandle_t h;
+    if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS) throw CudaError("cublasCreate failed");
+    struct Shape { const char* name; int rows, cols; };
+    for (Shape s : {Shape{"qkv 12288x4096", 12288, 4096}, Shape{"o 4096x4096", 4096, 4096},
+                    Shape{"gate|up 22016x4096", 22016, 4096}, Shape{"down 4096x11008", 4096, 11008},
+                    Shape{"lm_head 32000x4096", 32000, 4096}}) {
+        const size_t n = size_t(s.rows) * s.cols;
+        const int copies = std::max<int>(2, int(std::ceil(240e6 / (n * 2.0))));
+        DeviceBuffer<__half> W(n * copies), x(size_t(s.cols) * copies);
+        DeviceBuffer<float> y(size_t(s.rows) * copies);
+        fill_random_half(W.get(), W.size(), 1, 0.02f, 0.0f, nullptr);
+        fill_random_half(x.get(), x.size(), 2, 1.0f, 0.0f, nullptr);
+        const double bytes = n * 2.0 + s.cols * 2.0 + s.rows * 4.0;
+        const double t_own = time_ms([&](int i) {
+            const int c = i % copies;
+            gemv(y.get() + size_t(c) * s.rows, W.get() + n * c, x.get() + size_t(c) * s.cols, s.rows, s.cols, nullptr);
+        });
+        const double t_cublas = time_ms([&](int i) {
+            const int c = i % copies;
+            gemm_cublas(h, y.get() + size_t(c) * s.rows, W.get() + n * c, x.get() + size_t(c) * s.cols, 1, s.rows,
+                        s.cols, nullptr);
+        });
+        report(std::string("gemv own    ") + s.name, t_own, bytes);
+        report(std::string("gemv cuBLAS ") + s.name, t_cublas, bytes);
+    }
+    cublasDestroy(h);
+}
+
+void bench_attention() {
+    const int NH = 32, NKV = 32, D = 128, S = 16;
+    for (int L : {4096, 32768, 131072}) {
+        const int pages = L / S;
+        const size_t kv_elems = size_t(NKV) * L * D;
+        const int copies = L <= 4096 ? 4 : 1;  // 4K: 67 MB per layer, rotate past the L2
+        DeviceBuffer<__half> k(kv_elems * copies), v(kv_elems * copies), kmin(size_t(NKV) * pages * D * copies),
+            kmax(kmin.size()), q(size_t(NH) * D), out(size_t(NH) * D);
+        fill_random_half(k.get(), k.size(), 3, 1.0f, 0.0f, nullptr);
+        fill_random_half(v.get(), v.size(), 4, 1.0f, 0.0f, nullptr);
+        fill_random_half(q.get(), q.size(), 5, 1.0f, 0.0f, nullptr);
+        // Metadata consistent with the keys (a page's min/max over its tokens).
+        std::vector<KvLayerView> views(copies);
+        for (int c = 0; c < copies; ++c) {
+            views[c] = {k.get() + kv_elems * c, v.get() + kv_elems * c, kmin.get() + size_t(NKV) * pages * D * c,
+                        kmax.get() + size_t(NKV) * pages * D * c, NKV, D, L, S, pages};
+            page_metadata_rebuild(views[c], 0, std::min(pages, 65535) - 1, L, nullptr);
+            if (pages > 65535) page_metadata_rebuild(views[c], 65535, pages - 1, L, nullptr);
+        }
+        DeviceBuffer<int> pos(1);
+        std::vector<int> p = {L - 1};
+        pos.upload(p);
+        const int split = default_split_tokens(L), splits = ceil_div(L, split);
+        DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
+        DeviceBuffer<int> counters(NKV);
+        counters.fill_bytes(0);
+        SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
+        const double kv_bytes = 2.0 * kv_elems * 2;
+        const double t_full = time_ms([&](int i) {
+            attention_decode(out.get(), q.get(), views[i % copies], pos.get(), NH, 0.088f, split, ws, nullptr);
+        });
+        report("attention full  L=" + std::to_string(L) + " split " + std::to_string(split), t_full, kv_bytes);
+        const QuestWorkspaceSizes qs = quest_workspace_sizes(NH, NKV, D, S, pages, 4096 / S, GqaPolicy::KvMax);
+        DeviceBuffer<float> q_scores(qs.scores), q_partial(qs.partial_o + qs.partial_ml);
+        DeviceBuffer<int> q_selected(qs.selected), q_counters(qs.counters);
+        q_counters.fill_bytes(0);
+        QuestWorkspace qws;
+        qws.scores = q_scores.get();
+        qws.selected = q_selected.get();
+        qws.partial_o = q_partial.get();
+        qws.partial_ml = q_partial.get() + qs.partial_o;
+        qws.counters = q_counters.get();
+        for (int B : {512, 1024, 2048, 4096}) {
+            const double t = time_ms([&](int i) {
+                quest_decode(out.get(), q.get(), views[i % copies], pos.get(), NH, B / S, GqaPolicy::KvMax, 0.088f,
+                             qws, nullptr);
+            });
+            const double meta_bytes = 2.0 * NKV * pages * D * 2;
+            const double sel_bytes = 2.0 * NKV * double(std::min(B, L)) * D * 2;
+            report("attention quest L=" + std::to_string(L) + " B=" + std::to_string(B) + " (x" +
+                       std::to_string(t_full / t).substr(0, 4) + ")",
+                   t, meta_bytes + sel_bytes);
+        }
+    }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (cuda_device_count() == 0) {
+        std::printf("SKIPPED: no CUDA device\n");
+        return 0;
+    }
+    std::vector<std::string> what;
+    std::string json;
+    for (int i = 1; i < argc; ++i) {
+        if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
+        else what.push_back(argv[i]);
+    }
+    auto want = [&](const char* w) { return what.empty() || std::find(what.begin(), what.end(), w) != what.end(); };
+    try {
+        if (want("gemv")) bench_gemv();
+        if (want("attention")) bench_attention();
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\n", e.what());
+        return 1;
+    }
+    if (!json.empty()) {
+        FILE* f = std::fopen(json.c_str(), "w");
+        std::fprintf(f, "[\n");
+        for (size_t i = 0; i < g_json.size(); ++i) std::fprintf(f, "  %s%s\n", g_json[i].c_str(), i + 1 < g_json.size() ? "," : "");
+        std::fprintf(f, "]\n");
+        std::fclose(f);
+    }
+    return 0;
+}

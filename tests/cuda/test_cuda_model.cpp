@@ -1,0 +1,195 @@
+// The CUDA backend against the CPU backend, whole model: logits at prefill and decode on the HF fixtures, the
+// stories260K greedy text, Quest with a budget covering the context against full attention.
+//
+// The CPU side runs on the same FP16-rounded weights as the GPU (norm weights stay fp32 on both), so the remaining
+// difference is the GPU's fp16 activations and summation order: logits within 2e-2 relative L2 error and the same
+// top-1 token (FP16 tolerance).
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "../test_util.h"
+#include "cuda_test_util.h"
+#include "engine/backend.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "model/error.h"
+#include "model/llama_cpu.h"
+#include "model/llama_cuda.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace quest;
+
+namespace {
+
+constexpr double kLogitTol = 2e-2;
+
+std::unique_ptr<Backend> cpu_fp16_weights(const ModelFolder& m, const QuestSettings& q, int cap) {
+    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(m.dir), m.config));
+    auto round = [](std::vector<float>& v) {
+        for (float& x : v) x = half_to_float(float_to_half(x));
+    };
+    round(w->embed);
+    round(w->lm_head);
+    for (auto& l : w->layers)
+        for (auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) round(*v);
+    return std::make_unique<CpuLlama>(w, q, cap);
+}
+
+QuestSettings full() {
+    QuestSettings s;
+    s.full_attention = true;
+    return s;
+}
+
+int top1(std::span<const float> l) { return int(std::max_element(l.begin(), l.end()) - l.begin()); }
+
+std::vector<float> slice(const std::vector<float>& v, size_t i, size_t n) {
+    return {v.begin() + i * n, v.begin() + (i + 1) * n};
+}
+
+}  // namespace
+
+class CudaHfParity : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaHfParity, CudaMatchesCpu) {
+    QUEST_REQUIRE_GPU();
+    const auto dir = test::source_dir() / "tests/fixtures/hf" / GetParam();
+    const ModelFolder m = open_model_folder(dir);
+    const auto ref = SafeTensorsFile::open(dir / "reference.safetensors");
+    auto ids = [&](const char* name) {
+        const TensorInfo* t = ref->find(name);
+        std::vector<int> v(t->numel());
+        std::memcpy(v.data(), ref->data(*t), t->nbytes());
+        return v;
+    };
+    const auto prompt = ids("prompt_ids"), steps = ids("decode_ids");
+    const int cap = int(prompt.size() + steps.size());
+    const int V = m.config.vocab_size;
+    auto cpu = cpu_fp16_weights(m, full(), cap);
+    CudaOptions opts;
+    opts.prefill_chunk = 7;  // several chunks, the last one partial
+    auto gpu = CudaLlama::from_folder(m, full(), cap, opts);
+    std::vector<float> a, b;
+    cpu->prefill(prompt, &a);
+    gpu->prefill(prompt, &b);
+    for (size_t t = 0; t < prompt.size(); ++t) {
+        EXPECT_LE(test::rel_err(slice(b, t, V), slice(a, t, V)), kLogitTol) << "prefill " << t;
+        EXPECT_EQ(top1(slice(b, t, V)), top1(slice(a, t, V))) << "prefill " << t;
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const auto la = cpu->decode(steps[i]);
+        const std::vector<float> ca(la.begin(), la.end());
+        const auto lb = gpu->decode(steps[i]);
+        const std::vector<float> cb(lb.begin(), lb.end());
+        EXPECT_LE(test::rel_err(cb, ca), kLogitTol) << "decode " << i;
+        EXPECT_EQ(top1(cb), top1(ca)) << "decode " << i;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaHfParity,
+                         ::testing::Values("mha_hd64", "gqa4_hd128", "gqa8_hd64_tied", "linear_x4_legacy",
+                                           "dynamic_x2", "yarn_x4_legacy", "llama3_x8", "bf16_gqa2", "f16_gqa4"));
+
+TEST(CudaModel, Stories260KGreedyTextEqualsCpu) {
+    QUEST_REQUIRE_GPU();
+    const auto dir = test::shared_dir() / "models/stories260K";
+    QUEST_REQUIRE_PATH(dir);
+    const ModelFolder m = open_model_folder(dir);
+    const Tokenizer tok(m.tokenizer_file());
+    auto text = [&](Backend& b) {
+        Sampler greedy({0.0f, 0, 1.0f, 0});
+        const auto r = generate(b, greedy, tok.encode(""), 200, [](int) { return true; });
+        return tok.decode(r.tokens);
+    };
+    for (bool quest : {false, true}) {
+        QuestSettings q = quest ? QuestSettings{} : full();
+        q.budget = 512;  // >= context: Quest must give full attention's text
+        auto cpu = make_cpu_backend(m, q, 512);
+        auto gpu = CudaLlama::from_folder(m, q, 512);
+        const std::string a = text(*cpu), b = text(*gpu);
+        EXPECT_EQ(b, a) << (quest ? "quest" : "full");
+        EXPECT_THAT(b, ::testing::StartsWith("Once upon a time, there was a little girl named Lily."));
+    }
+}
+
+// Quest on the GPU with B >= context gives the full-attention logits (every page attended; a different kernel, so
+// equal to rounding: 1e-3 relative and the same top-1 token at every step); with a small budget it differs.
+TEST(CudaModel, QuestBudgetCoveringContextEqualsFull) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    std::vector<int> prompt(700);
+    for (int i = 0; i < 700; ++i) prompt[i] = 3 + (i * 37) % 500;
+    auto run = [&](const QuestSettings& q) {
+        auto b = CudaLlama::from_folder(m, q, 800);
+        b->prefill(prompt);
+        std::vector<std::vector<float>> out;
+        for (int t = 0; t < 40; ++t) {
+            auto l = b->decode(3 + (t * 11) % 500);
+            out.emplace_back(l.begin(), l.end());
+        }
+        return out;
+    };
+    QuestSettings big;
+    big.page_size = 16;
+    big.budget = 1024;
+    QuestSettings small = big;
+    small.budget = 64;
+    const auto f = run(full()), qb = run(big), qs = run(small);
+    for (size_t t = 0; t < f.size(); ++t) {
+        EXPECT_LE(test::rel_err(qb[t], f[t]), 1e-3) << t;
+        EXPECT_EQ(top1(qb[t]), top1(f[t])) << t;
+    }
+    double big_err = 0, small_err = 0;
+    for (size_t t = 0; t < f.size(); ++t) {
+        big_err += test::rel_err(qb[t], f[t]);
+        small_err += test::rel_err(qs[t], f[t]);
+    }
+    EXPECT_GT(small_err, 10 * big_err) << "a 64-token budget over 740 tokens must change the logits beyond rounding";
+}
+
+// Quest on the GPU follows the CPU reference at a small budget (same selection up to near-ties, FP16 tolerance).
+TEST(CudaModel, QuestSmallBudgetFollowsCpu) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    std::vector<int> prompt(500);
+    for (int i = 0; i < 500; ++i) prompt[i] = 3 + (i * 53) % 500;
+    for (GqaPolicy p : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
+        QuestSettings q;
+        q.page_size = 16;
+        q.budget = 128;
+        q.gqa_policy = p;
+        auto cpu = cpu_fp16_weights(m, q, 600);
+        auto gpu = CudaLlama::from_folder(m, q, 600);
+        cpu->prefill(prompt);
+        gpu->prefill(prompt);
+        int agree = 0;
+        for (int t = 0; t < 30; ++t) {
+            const int tok = 3 + (t * 7) % 500;
+            const auto la = cpu->decode(tok);
+            const std::vector<float> ca(la.begin(), la.end());
+            const auto lb = gpu->decode(tok);
+            const std::vector<float> cb(lb.begin(), lb.end());
+            EXPECT_LE(test::rel_err(cb, ca), 5e-2) << gqa_policy_name(p) << " step " << t;
+            agree += top1(ca) == top1(cb);
+        }
+        EXPECT_GE(agree, 28) << gqa_policy_name(p);
+    }
+}
+
+TEST(CudaModel, MemoryPlanRefusesWhatDoesNotFit) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    CudaOptions o;
+    o.memory_limit = 1 << 20;  // 1 MiB
+    try {
+        CudaLlama::from_folder(m, full(), 4096, o);
+        FAIL() << "expected a ResourceError";
+    } catch (const ResourceError& e) {
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("KV cache"));
+        EXPECT_THAT(e.what(), ::testing::HasSubstr("-c"));
+    }
+}

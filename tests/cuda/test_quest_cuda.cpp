@@ -1,0 +1,778 @@
+// GPU Quest decode path (kernels/quest.cuh) against the CPU references: page_scores_ref / quest_select_ref /
+// top_k_ref (kernels/quest.h) and attention_pages_ref / attention_full_ref (kernels/attention.h).
+//
+// Inputs are seeded random values rounded to fp16 (to_half) so the CPU sees exactly what the GPU sees; outputs are
+// poisoned with 0xFF bytes (NaN, or -1 for page ids) before every launch; K/V tokens and page metadata beyond the
+// sequence are NaN on the device, so reading them poisons the result.
+//
+// Tolerances:
+//   scores    |gpu - cpu| <= 1e-5 * sum_g sum_i |max(q_i kmin_i, q_i kmax_i)| per score (the fp32 summation bound for
+//             head_dim <= 256 terms is ~1.5e-5 of that sum in the worst case and the GPU sums in the same order, so in
+//             practice the scores are bit-identical; the number of non-identical scores is printed).
+//   top-k     identical index sets (exact algorithm, ties -> lower index).
+//   selection identical page sets, except rows whose CPU scores of the (K-1)-th and K-th candidates are within 1e-4
+//             relative (counted and printed; bounded).
+//   attention rel_err (L2 over a head's output) <= 2e-3: fp16 output rounding (~2.4e-4) plus exp2 and summation
+//             order differences.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/attention.h"
+#include "kernels/quest.cuh"
+#include "kernels/quest.h"
+#include "tests/cuda/cuda_test_util.h"
+
+namespace quest {
+namespace {
+
+using test::rel_err;
+using test::to_half;
+
+__half half_nan() {
+    __half_raw r;
+    r.x = 0xFFFF;
+    return __half(r);
+}
+
+int ceil_div_i(int a, int b) { return (a + b - 1) / b; }
+
+struct Shape {
+    int num_heads;
+    int num_kv_heads;
+    int head_dim;
+    int page_size;
+    int len;
+    int page_budget;
+    GqaPolicy policy;
+};
+
+std::string describe(const Shape& s) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "H=%d Hkv=%d D=%d S=%d len=%d K=%d policy=%s", s.num_heads, s.num_kv_heads,
+                  s.head_dim, s.page_size, s.len, s.page_budget, std::string(gqa_policy_name(s.policy)).c_str());
+    return buf;
+}
+
+// One layer's cache on the host (fp16-exact floats) and on the device.
+struct Cache {
+    int hkv = 0, d = 0, s = 0, cap = 0, max_pages = 0;
+    std::vector<float> k, v;        // [hkv][cap][d] (empty without K/V)
+    std::vector<float> kmin, kmax;  // [hkv][max_pages][d]
+    DeviceBuffer<__half> dk, dv, dmin, dmax;
+
+    KvLayerView view() const {
+        KvLayerView kv;
+        kv.k = dk.get();
+        kv.v = dv.get();
+        kv.kmin = dmin.get();
+        kv.kmax = dmax.get();
+        kv.num_kv_heads = hkv;
+        kv.head_dim = d;
+        kv.capacity = cap;
+        kv.page_size = s;
+        kv.max_pages = max_pages;
+        return kv;
+    }
+    const float* kh(int kvh) const { return k.data() + static_cast<size_t>(kvh) * cap * d; }
+    const float* vh(int kvh) const { return v.data() + static_cast<size_t>(kvh) * cap * d; }
+};
+
+// Keys: N(0,1) plus a per-page offset along a per-KV-head direction (so the pages' scores spread out); values N(0,1).
+// Tokens < valid_len are valid and the metadata of their pages is their min/max (page_metadata_update_ref); on the
+// device, K/V of tokens >= valid_len and the metadata of pages >= ceil(valid_len / S) are NaN. Without K/V
+// (with_kv = false) the metadata is drawn directly: min/max of two random vectors around the page offset.
+Cache make_cache(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, bool with_kv) {
+    Cache c;
+    c.hkv = hkv;
+    c.d = d;
+    c.s = s;
+    c.cap = cap;
+    c.max_pages = cap / s;
+    const int valid_pages = ceil_div_i(valid_len, s);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> dir(static_cast<size_t>(hkv) * d), off(static_cast<size_t>(hkv) * c.max_pages);
+    for (float& x : dir) x = nd(rng);
+    for (float& x : off) x = 0.7f * nd(rng);
+    const size_t meta_n = static_cast<size_t>(hkv) * c.max_pages * d;
+    c.kmin.assign(meta_n, 0.0f);
+    c.kmax.assign(meta_n, 0.0f);
+    std::vector<__half> hmin(meta_n, half_nan()), hmax(meta_n, half_nan());
+    if (with_kv) {
+        const size_t n = static_cast<size_t>(hkv) * cap * d;
+        c.k.resize(n);
+        c.v.resize(n);
+        for (int h = 0; h < hkv; ++h)
+            for (int t = 0; t < cap; ++t)
+                for (int i = 0; i < d; ++i) {
+                    const size_t at = (static_cast<size_t>(h) * cap + t) * d + i;
+                    c.k[at] = nd(rng) + off[static_cast<size_t>(h) * c.max_pages + t / s] * dir[h * d + i];
+                    c.v[at] = nd(rng);
+                }
+        std::vector<__half> hk = to_half(c.k), hv = to_half(c.v);
+        for (int h = 0; h < hkv; ++h)
+            for (int t = valid_len; t < cap; ++t)
+                for (int i = 0; i < d; ++i) {
+                    const size_t at = (static_cast<size_t>(h) * cap + t) * d + i;
+                    hk[at] = half_nan();
+                    hv[at] = half_nan();
+                }
+        for (int h = 0; h < hkv; ++h)
+            for (int t = 0; t < valid_len; ++t) {
+                const size_t m = (static_cast<size_t>(h) * c.max_pages + t / s) * d;
+                page_metadata_update_ref(&c.kmin[m], &c.kmax[m], &c.k[(static_cast<size_t>(h) * cap + t) * d], d,
+                                         t % s == 0);
+            }
+        c.dk = DeviceBuffer<__half>(n);
+        c.dv = DeviceBuffer<__half>(n);
+        c.dk.upload(hk);
+        c.dv.upload(hv);
+    } else {
+        for (int h = 0; h < hkv; ++h)
+            for (int p = 0; p < valid_pages; ++p)
+                for (int i = 0; i < d; ++i) {
+                    const size_t at = (static_cast<size_t>(h) * c.max_pages + p) * d + i;
+                    const float base = off[static_cast<size_t>(h) * c.max_pages + p] * dir[h * d + i];
+                    const float a = base + nd(rng), b = base + nd(rng);
+                    c.kmin[at] = std::min(a, b);
+                    c.kmax[at] = std::max(a, b);
+                }
+    }
+    // Metadata values are fp16 (exact min/max of fp16 keys, or rounded here: rounding keeps min <= max).
+    std::vector<float> rmin = c.kmin, rmax = c.kmax;
+    const std::vector<__half> qmin = to_half(rmin), qmax = to_half(rmax);
+    c.kmin = rmin;
+    c.kmax = rmax;
+    for (int h = 0; h < hkv; ++h)
+        for (int p = 0; p < std::min(valid_pages, c.max_pages); ++p)
+            for (int i = 0; i < d; ++i) {
+                const size_t at = (static_cast<size_t>(h) * c.max_pages + p) * d + i;
+                hmin[at] = qmin[at];
+                hmax[at] = qmax[at];
+            }
+    c.dmin = DeviceBuffer<__half>(meta_n);
+    c.dmax = DeviceBuffer<__half>(meta_n);
+    c.dmin.upload(hmin);
+    c.dmax.upload(hmax);
+    return c;
+}
+
+struct Workspace {
+    QuestWorkspaceSizes sz;
+    int pps;
+    DeviceBuffer<float> scores, o, ml;
+    DeviceBuffer<int> selected, counters;
+    Workspace(const Shape& s, int max_pages, int pages_per_split = 0)
+        : sz(quest_workspace_sizes(s.num_heads, s.num_kv_heads, s.head_dim, s.page_size, max_pages, s.page_budget,
+                                   s.policy, pages_per_split)),
+          pps(pages_per_split),
+          scores(sz.scores),
+          o(sz.partial_o),
+          ml(sz.partial_ml),
+          selected(sz.selected),
+          counters(sz.counters) {
+        counters.fill_bytes(0);  // zeroed once; the kernels leave them zero
+    }
+    QuestWorkspace ws() const {
+        QuestWorkspace w;
+        w.scores = scores.get();
+        w.selected = selected.get();
+        w.partial_o = o.get();
+        w.partial_ml = ml.get();
+        w.counters = counters.get();
+        w.pages_per_split = pps;
+        return w;
+    }
+    void poison() {  // everything but the counters
+        scores.fill_bytes(0xFF);
+        selected.fill_bytes(0xFF);
+        o.fill_bytes(0xFF);
+        ml.fill_bytes(0xFF);
+    }
+    bool counters_zero() const {
+        for (int c : counters.download())
+            if (c != 0) return false;
+        return true;
+    }
+};
+
+// The CPU score row of selection row `row` (aggregated exactly as quest_select_ref does) over n candidates, and the
+// magnitude sum used by the tolerance.
+void cpu_row_scores(const Cache& c, const std::vector<float>& q, const Shape& s, int row, int n,
+                    std::vector<float>& out, std::vector<double>* mag) {
+    const int G = s.num_heads / s.num_kv_heads;
+    const int kvh = s.policy == GqaPolicy::PerHead ? row / G : row;
+    const int g0 = s.policy == GqaPolicy::PerHead ? row % G : 0;
+    const int g1 = s.policy == GqaPolicy::PerHead ? g0 + 1 : G;
+    const float* kmin = c.kmin.data() + static_cast<size_t>(kvh) * c.max_pages * c.d;
+    const float* kmax = c.kmax.data() + static_cast<size_t>(kvh) * c.max_pages * c.d;
+    out.assign(n, 0.0f);
+    if (mag) mag->assign(n, 0.0);
+    std::vector<float> hs(n);
+    for (int g = g0; g < g1; ++g) {
+        const float* qh = q.data() + static_cast<size_t>(kvh * G + g) * c.d;
+        page_scores_ref(hs.data(), qh, kmin, kmax, n, c.d);
+        for (int p = 0; p < n; ++p) {
+            if (g == g0)
+                out[p] = hs[p];
+            else if (s.policy == GqaPolicy::KvMax)
+                out[p] = std::max(out[p], hs[p]);
+            else
+                out[p] += hs[p];
+            if (mag)
+                for (int i = 0; i < c.d; ++i) {
+                    const size_t at = static_cast<size_t>(p) * c.d + i;
+                    (*mag)[p] += std::fabs(std::max(qh[i] * kmin[at], qh[i] * kmax[at]));
+                }
+        }
+    }
+}
+
+// True when the CPU scores of the (k)-th and (k+1)-th largest candidates are within 1e-4 relative (k = K - 1).
+bool near_tie(std::vector<float> row, int k) {
+    if (k <= 0 || k >= static_cast<int>(row.size())) return false;
+    std::nth_element(row.begin(), row.begin() + k, row.end(), std::greater<float>());
+    const float b = row[k];  // (k+1)-th largest
+    const float a = *std::min_element(row.begin(), row.begin() + k);  // k-th largest
+    return std::fabs(a - b) <= 1e-4f * std::max(std::fabs(a), std::fabs(b));
+}
+
+std::vector<float> random_q(std::mt19937& rng, int n) {
+    std::vector<float> q = test::random_floats(rng, n);
+    return q;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 1. Page scores
+// ---------------------------------------------------------------------------------------------------------------------
+TEST(QuestCuda, PageScoresMatchReference) {
+    QUEST_REQUIRE_GPU();
+    const std::vector<Shape> shapes = {
+        {32, 32, 128, 16, 16 * 300 + 5, 8, GqaPolicy::KvMax},  // MHA (Llama-2-7B heads)
+        {32, 8, 128, 16, 16 * 257 + 1, 8, GqaPolicy::KvMax},   // G = 4
+        {32, 8, 128, 16, 16 * 257 + 1, 8, GqaPolicy::KvSum},
+        {32, 8, 128, 16, 16 * 257 + 1, 8, GqaPolicy::PerHead},
+        {64, 8, 64, 8, 8 * 140 + 3, 4, GqaPolicy::KvMax},  // G = 8
+        {64, 8, 64, 8, 8 * 140 + 3, 4, GqaPolicy::KvSum},
+        {64, 8, 64, 8, 8 * 140 + 3, 4, GqaPolicy::PerHead},
+        {24, 2, 64, 16, 16 * 129, 2, GqaPolicy::KvMax},  // G = 12: two batches of heads
+        {24, 2, 64, 16, 16 * 129, 2, GqaPolicy::KvSum},
+        {24, 2, 64, 16, 16 * 129, 2, GqaPolicy::PerHead},
+        {6, 2, 256, 32, 32 * 200 + 31, 16, GqaPolicy::KvSum},  // G = 3, D = 256
+        {4, 4, 8, 16, 16 * 500 + 2, 3, GqaPolicy::KvMax},      // D = 8
+        {8, 4, 16, 64, 64 * 90 + 9, 3, GqaPolicy::KvMax},      // D = 16
+        {8, 2, 32, 1, 1000, 7, GqaPolicy::PerHead},            // D = 32, S = 1
+        {4, 2, 128, 256, 256 * 9 + 100, 2, GqaPolicy::KvMax},  // S = 256
+    };
+    std::mt19937 rng(1234);
+    for (const Shape& s : shapes) {
+        SCOPED_TRACE(describe(s));
+        const int cap = (ceil_div_i(s.len, s.page_size) + 3) * s.page_size;
+        const Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, cap, s.len, false);
+        std::vector<float> q = random_q(rng, static_cast<size_t>(s.num_heads) * s.head_dim);
+        DeviceBuffer<__half> dq(q.size());
+        dq.upload(to_half(q));
+        Workspace w(s, c.max_pages);
+        w.poison();
+        DeviceBuffer<int> dpos(1);
+        dpos.upload(std::vector<int>{s.len - 1});
+        quest_page_scores(w.scores.get(), dq.get(), c.view(), dpos.get(), s.num_heads, s.page_budget, s.policy,
+                          nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> got = w.scores.download();
+        const int P = ceil_div_i(s.len, s.page_size), n = P - 1;
+        ASSERT_GT(P, s.page_budget);
+        int bad = 0, inexact = 0, unpoisoned = 0;
+        double worst = 0.0;
+        std::vector<float> ref;
+        std::vector<double> mag;
+        for (int r = 0; r < w.sz.rows; ++r) {
+            cpu_row_scores(c, q, s, r, n, ref, &mag);
+            for (int p = 0; p < c.max_pages; ++p) {
+                const float g = got[static_cast<size_t>(r) * c.max_pages + p];
+                if (p >= n) {  // nothing written at p >= P - 1
+                    uint32_t bits;
+                    std::memcpy(&bits, &g, 4);
+                    unpoisoned += bits != 0xFFFFFFFFu;
+                    continue;
+                }
+                const double err = std::fabs(double(g) - double(ref[p]));
+                const double tol = 1e-5 * mag[p] + 1e-30;
+                if (!(err <= tol)) ++bad;
+                if (g != ref[p]) ++inexact;
+                worst = std::max(worst, err / (mag[p] + 1e-30));
+            }
+        }
+        EXPECT_EQ(bad, 0) << "worst |err| / sum|terms| = " << worst;
+        EXPECT_EQ(unpoisoned, 0) << "scores written beyond the candidates";
+        std::printf("[scores] %s: %d rows x %d candidates, %d not bit-identical, worst err/mag %.3g\n",
+                    describe(s).c_str(), w.sz.rows, n, inexact, worst);
+    }
+}
+
+// A dense step (P <= K) writes no scores.
+TEST(QuestCuda, PageScoresDenseStepWritesNothing) {
+    QUEST_REQUIRE_GPU();
+    const Shape s{8, 2, 64, 16, 16 * 10 + 3, 11, GqaPolicy::KvMax};
+    std::mt19937 rng(77);
+    const Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, 16 * 32, s.len, false);
+    std::vector<float> q = random_q(rng, static_cast<size_t>(s.num_heads) * s.head_dim);
+    DeviceBuffer<__half> dq(q.size());
+    dq.upload(to_half(q));
+    Workspace w(s, c.max_pages);
+    w.poison();
+    DeviceBuffer<int> dpos(1);
+    dpos.upload(std::vector<int>{s.len - 1});
+    quest_page_scores(w.scores.get(), dq.get(), c.view(), dpos.get(), s.num_heads, s.page_budget, s.policy, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    for (float x : w.scores.download()) {
+        uint32_t bits;
+        std::memcpy(&bits, &x, 4);
+        ASSERT_EQ(bits, 0xFFFFFFFFu);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 2. Top-k
+// ---------------------------------------------------------------------------------------------------------------------
+
+// Rows: 0 continuous normal, 1 integers in [0, 8) (massive ties), 2 all equal, 3 values in {-2, -1, -0, +0, 1}
+// (ties across signed zeros), 4 distinct integers in random order, 5 tiny subnormal-range and huge magnitudes,
+// 6 a narrow range (1000 + j/1024: one exponent, the digits below the top bits decide, with ties).
+std::vector<float> topk_rows(std::mt19937& rng, int rows, int n, int stride) {
+    std::vector<float> v(static_cast<size_t>(rows) * stride, NAN);  // NaN beyond n: must not be read
+    std::normal_distribution<float> nd(0.0f, 3.0f);
+    std::uniform_int_distribution<int> small(0, 7), pick(0, 4), coin(0, 1), fine(0, 4095);
+    std::vector<int> perm(n);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int r = 0; r < rows; ++r)
+        for (int i = 0; i < n; ++i) {
+            float x = 0.0f;
+            switch (r % 7) {
+                case 0: x = nd(rng); break;
+                case 1: x = static_cast<float>(small(rng)); break;
+                case 2: x = 3.0f; break;
+                case 3: {
+                    const float vals[5] = {-2.0f, -1.0f, -0.0f, 0.0f, 1.0f};
+                    x = vals[pick(rng)];
+                    break;
+                }
+                case 4: x = static_cast<float>(perm[i]) - n / 2; break;
+                case 5: x = (coin(rng) ? 1e-40f : -1e30f) * static_cast<float>(small(rng)); break;
+                default: x = 1000.0f + static_cast<float>(fine(rng)) / 1024.0f; break;
+            }
+            v[static_cast<size_t>(r) * stride + i] = x;
+        }
+    return v;
+}
+
+void check_top_k(int n, int K, int page_size, int extra_stride, uint32_t seed) {
+    SCOPED_TRACE("n=" + std::to_string(n) + " K=" + std::to_string(K) + " S=" + std::to_string(page_size));
+    // n candidates -> P = n + 1 pages; len anywhere in the last page.
+    const int P = n + 1;
+    const int len = (P - 1) * page_size + 1 + static_cast<int>(seed % page_size);
+    const int rows = 7, stride = std::max(n, 1) + extra_stride;
+    std::mt19937 rng(seed);
+    const std::vector<float> scores = topk_rows(rng, rows, n, stride);
+    DeviceBuffer<float> dscores(scores.size());
+    dscores.upload(scores);
+    DeviceBuffer<int> dsel(static_cast<size_t>(rows) * K), dpos(1);
+    dsel.fill_bytes(0xFF);
+    dpos.upload(std::vector<int>{len - 1});
+    quest_top_k(dsel.get(), dscores.get(), stride, dpos.get(), rows, page_size, K, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const std::vector<int> sel = dsel.download();
+    for (int r = 0; r < rows; ++r) {
+        SCOPED_TRACE("row " + std::to_string(r));
+        const int* got = sel.data() + static_cast<size_t>(r) * K;
+        std::vector<int> want;
+        if (P <= K) {
+            want.resize(P);
+            std::iota(want.begin(), want.end(), 0);
+        } else {
+            want = top_k_ref(std::span<const float>(scores.data() + static_cast<size_t>(r) * stride, n), K - 1);
+            want.push_back(n);
+        }
+        const int cnt = std::min(P, K);
+        ASSERT_EQ(static_cast<int>(want.size()), cnt);
+        int first_diff = -1;
+        for (int i = 0; i < cnt && first_diff < 0; ++i)
+            if (got[i] != want[i]) first_diff = i;
+        EXPECT_EQ(first_diff, -1) << "at " << first_diff << ": got " << got[std::max(first_diff, 0)] << ", want "
+                                  << want[std::max(first_diff, 0)];
+        for (int i = cnt; i < K; ++i) EXPECT_EQ(got[i], -1) << "entry " << i << " beyond the count was written";
+    }
+}
+
+TEST(QuestCuda, TopKMatchesReference) {
+    QUEST_REQUIRE_GPU();
+    uint32_t seed = 1;
+    // Shared-memory key cache (n <= 32768) and global re-reads (n = 65536), K - 1 in {1, 63, 127, 4095}.
+    for (int n : {2, 100, 2047, 5000, 65536})
+        for (int k : {1, 63, 127, 4095})
+            if (k < n) check_top_k(n, k + 1, 1, 0, seed++);
+    check_top_k(40000, 4096, 1, 3, seed++);  // global path with a padded stride
+    check_top_k(65536, 32769, 1, 0, seed++);  // half the candidates
+    check_top_k(3000, 2999, 1, 0, seed++);    // all but one (k = n - 1)
+}
+
+TEST(QuestCuda, TopKDenseAndSmallBudgets) {
+    QUEST_REQUIRE_GPU();
+    uint32_t seed = 100;
+    check_top_k(0, 1, 16, 1, seed++);     // len <= S: one page, K = 1
+    check_top_k(0, 5, 16, 1, seed++);     // one page, K = 5
+    check_top_k(50, 64, 16, 0, seed++);   // P = 51 <= K: dense
+    check_top_k(63, 64, 16, 0, seed++);   // P = 64 == K: dense
+    check_top_k(64, 64, 16, 0, seed++);   // P = 65 > K: sparse by one page
+    check_top_k(500, 1, 16, 0, seed++);   // K = 1: only the last page
+    check_top_k(500, 2, 8, 0, seed++);    // K = 2
+    check_top_k(777, 100, 32, 5, seed++);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 3-5. Selection and sparse attention (quest_decode end to end)
+// ---------------------------------------------------------------------------------------------------------------------
+struct CaseStats {
+    int rows = 0, near_ties = 0, mismatched = 0;
+    double worst_attn = 0.0;
+};
+
+// Validates the GPU page lists, compares them with quest_select_ref (near-tied rows are counted, not compared) and
+// the output with attention_pages_ref on the GPU's page lists (and attention_full_ref on dense steps).
+void check_step(const Shape& s, const Cache& c, const std::vector<float>& q, const std::vector<int>& sel,
+                const std::vector<float>& out, CaseStats& st) {
+    const int D = s.head_dim, G = s.num_heads / s.num_kv_heads;
+    const int P = ceil_div_i(s.len, s.page_size), cnt = std::min(P, s.page_budget);
+    const int rows = quest_selection_rows(s.num_heads, s.num_kv_heads, s.policy);
+    QuestSelectArgs a;
+    a.q = q.data();
+    a.kmin = c.kmin.data();
+    a.kmax = c.kmax.data();
+    a.num_heads = s.num_heads;
+    a.num_kv_heads = s.num_kv_heads;
+    a.head_dim = D;
+    a.page_capacity = c.max_pages;
+    a.len = s.len;
+    a.page_size = s.page_size;
+    a.page_budget = s.page_budget;
+    a.policy = s.policy;
+    std::vector<std::vector<int>> ref_sel;
+    quest_select_ref(a, ref_sel);
+    std::vector<float> row_scores;
+    for (int r = 0; r < rows; ++r) {
+        const std::vector<int> got(sel.begin() + static_cast<size_t>(r) * s.page_budget,
+                                   sel.begin() + static_cast<size_t>(r) * s.page_budget + cnt);
+        // A valid page list: strictly ascending, within [0, P), ending with the last page.
+        bool valid = got.back() == P - 1;
+        for (int i = 0; i < cnt; ++i) valid = valid && got[i] >= 0 && got[i] < P && (i == 0 || got[i - 1] < got[i]);
+        ASSERT_TRUE(valid) << "row " << r << ": invalid page list";
+        ++st.rows;
+        const int h = s.policy == GqaPolicy::PerHead ? r : r * G;
+        if (got != ref_sel[h]) {
+            bool tie = false;
+            if (P > s.page_budget) {
+                cpu_row_scores(c, q, s, r, P - 1, row_scores, nullptr);
+                tie = near_tie(row_scores, s.page_budget - 1);
+            }
+            if (tie)
+                ++st.near_ties;
+            else
+                ++st.mismatched;
+            EXPECT_TRUE(tie) << "row " << r << ": page set differs from quest_select_ref";
+        }
+    }
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    std::vector<float> ref(D), full(D), got(D);
+    for (int h = 0; h < s.num_heads; ++h) {
+        const int kvh = h / G;
+        const int r = s.policy == GqaPolicy::PerHead ? h : kvh;
+        const std::span<const int> pages(sel.data() + static_cast<size_t>(r) * s.page_budget, cnt);
+        const float* qh = q.data() + static_cast<size_t>(h) * D;
+        attention_pages_ref(ref.data(), qh, c.kh(kvh), c.vh(kvh), D, s.len, s.page_size, pages, scale);
+        std::copy(out.begin() + static_cast<size_t>(h) * D, out.begin() + static_cast<size_t>(h + 1) * D,
+                  got.begin());
+        const double e = rel_err(got, ref);
+        EXPECT_LE(e, 2e-3) << "head " << h;
+        st.worst_attn = std::isnan(e) ? INFINITY : std::max(st.worst_attn, e);
+        if (P <= s.page_budget) {  // dense step: the full attention
+            attention_full_ref(full.data(), qh, c.kh(kvh), c.vh(kvh), D, s.len, scale);
+            EXPECT_LE(rel_err(got, full), 2e-3) << "head " << h << " (dense: vs attention_full_ref)";
+        }
+    }
+}
+
+void run_decode_case(const Shape& s, uint32_t seed, CaseStats& st, int pages_per_split = 0) {
+    SCOPED_TRACE(describe(s) + " pages_per_split=" + std::to_string(pages_per_split));
+    std::mt19937 rng(seed);
+    const int cap = (ceil_div_i(s.len, s.page_size) + 2) * s.page_size;
+    const Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, cap, s.len, true);
+    std::vector<float> q = random_q(rng, static_cast<size_t>(s.num_heads) * s.head_dim);
+    DeviceBuffer<__half> dq(q.size()), dout(q.size());
+    dq.upload(to_half(q));
+    Workspace w(s, c.max_pages, pages_per_split);
+    w.poison();
+    dout.fill_bytes(0xFF);
+    DeviceBuffer<int> dpos(1);
+    dpos.upload(std::vector<int>{s.len - 1});
+    const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), s.num_heads, s.page_budget, s.policy, scale, w.ws(),
+                 nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    check_step(s, c, q, w.selected.download(), test::to_float(dout.download()), st);
+    EXPECT_TRUE(w.counters_zero()) << "merge counters not reset";
+}
+
+TEST(QuestCuda, DecodeMatchesReference) {
+    QUEST_REQUIRE_GPU();
+    const std::vector<Shape> shapes = {
+        {8, 8, 128, 16, 1000, 16, GqaPolicy::KvMax},  // MHA
+        {16, 4, 128, 16, 1237, 12, GqaPolicy::KvMax},  // G = 4
+        {16, 4, 128, 16, 1237, 12, GqaPolicy::KvSum},
+        {16, 4, 128, 16, 1237, 12, GqaPolicy::PerHead},
+        {32, 4, 64, 8, 901, 40, GqaPolicy::KvMax},  // G = 8
+        {32, 4, 64, 32, 901, 5, GqaPolicy::PerHead},
+        {32, 4, 64, 32, 901, 5, GqaPolicy::KvSum},
+        {8, 2, 64, 64, 1500, 3, GqaPolicy::KvMax},  // S = 64
+        {8, 2, 128, 16, 500, 1, GqaPolicy::KvMax},  // K = 1 (B < 2S): only the last page
+        {8, 2, 128, 16, 500, 1, GqaPolicy::PerHead},
+        {8, 2, 128, 16, 777, 64, GqaPolicy::KvMax},     // dense: P = 49 <= K
+        {8, 8, 128, 16, 16 * 64, 64, GqaPolicy::KvMax},  // dense, P == K, len a multiple of S
+        {8, 8, 128, 16, 16 * 64 + 1, 64, GqaPolicy::KvMax},  // sparse by one page, last page holds one token
+        {4, 1, 128, 16, 1, 4, GqaPolicy::KvMax},             // len = 1
+        {4, 1, 128, 16, 1, 1, GqaPolicy::PerHead},           // len = 1, K = 1
+        {4, 4, 8, 16, 333, 6, GqaPolicy::KvMax},             // D = 8
+        {8, 4, 16, 8, 333, 6, GqaPolicy::KvSum},             // D = 16
+        {8, 2, 32, 32, 333, 3, GqaPolicy::PerHead},          // D = 32
+        {8, 1, 256, 16, 643, 10, GqaPolicy::KvMax},          // D = 256, G = 8 (MQA)
+        {12, 1, 64, 16, 700, 9, GqaPolicy::KvMax},           // G = 12: two head slabs per KV head
+        {6, 2, 128, 1, 300, 40, GqaPolicy::KvMax},           // S = 1, G = 3
+        {4, 2, 64, 256, 1100, 3, GqaPolicy::KvMax},          // S = 256: tiles inside a page, partial last page
+        {4, 2, 256, 256, 300, 1, GqaPolicy::KvMax},          // S = 256, K = 1, D = 256
+        {8, 8, 128, 8, 4000, 256, GqaPolicy::KvMax},         // many splits
+    };
+    CaseStats st;
+    uint32_t seed = 500;
+    for (const Shape& s : shapes) run_decode_case(s, seed++, st);
+    // Forced split sizes: one page per block (many splits, merged by the last block), odd sizes, one split.
+    for (int pps : {1, 3, 128}) {
+        run_decode_case({16, 4, 128, 16, 1237, 12, GqaPolicy::KvMax}, seed++, st, pps);
+        run_decode_case({16, 4, 64, 8, 2001, 77, GqaPolicy::PerHead}, seed++, st, pps);
+        run_decode_case({24, 2, 128, 32, 3000, 20, GqaPolicy::KvSum}, seed++, st, pps);
+    }
+    std::printf("[decode] %d selection rows, %d near-tied (not compared), %d mismatched; "
+                "worst attention rel_err %.3g\n",
+                st.rows, st.near_ties, st.mismatched, st.worst_attn);
+    EXPECT_EQ(st.mismatched, 0);
+    EXPECT_LE(st.near_ties, st.rows / 10);
+}
+
+// Selection only, over many random caches and policies: the page sets of quest_page_scores + quest_top_k equal
+// quest_select_ref's.
+TEST(QuestCuda, SelectionMatchesReference) {
+    QUEST_REQUIRE_GPU();
+    CaseStats st;
+    std::mt19937 pick(42);
+    const int dims[] = {64, 128};
+    const int sizes[] = {8, 16, 32, 64};
+    const int groups[] = {1, 4, 8};
+    const GqaPolicy pols[] = {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead};
+    for (int it = 0; it < 24; ++it) {
+        const int G = groups[it % 3], S = sizes[(it / 3) % 4];
+        const int hkv = G == 1 ? 8 : 2;
+        const int len = 1 + static_cast<int>(pick() % (S * 300));
+        const int K = 1 + static_cast<int>(pick() % 40);
+        const Shape s{hkv * G, hkv, dims[it % 2], S, len, K, pols[(it / 2) % 3]};
+        SCOPED_TRACE(describe(s));
+        std::mt19937 rng(9000 + it);
+        const int cap = (ceil_div_i(len, S) + 1) * S;
+        const Cache c = make_cache(rng, hkv, s.head_dim, S, cap, len, false);
+        std::vector<float> q = random_q(rng, static_cast<size_t>(s.num_heads) * s.head_dim);
+        DeviceBuffer<__half> dq(q.size());
+        dq.upload(to_half(q));
+        Workspace w(s, c.max_pages);
+        w.poison();
+        DeviceBuffer<int> dpos(1);
+        dpos.upload(std::vector<int>{len - 1});
+        quest_page_scores(w.scores.get(), dq.get(), c.view(), dpos.get(), s.num_heads, K, s.policy, nullptr);
+        quest_top_k(w.selected.get(), w.scores.get(), c.max_pages, dpos.get(), w.sz.rows, S, K, nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<int> sel = w.selected.download();
+        QuestSelectArgs a;
+        a.q = q.data();
+        a.kmin = c.kmin.data();
+        a.kmax = c.kmax.data();
+        a.num_heads = s.num_heads;
+        a.num_kv_heads = hkv;
+        a.head_dim = s.head_dim;
+        a.page_capacity = c.max_pages;
+        a.len = len;
+        a.page_size = S;
+        a.page_budget = K;
+        a.policy = s.policy;
+        std::vector<std::vector<int>> ref;
+        quest_select_ref(a, ref);
+        const int P = ceil_div_i(len, S), cnt = std::min(P, K);
+        std::vector<float> row_scores;
+        for (int r = 0; r < w.sz.rows; ++r) {
+            ++st.rows;
+            const std::vector<int> got(sel.begin() + static_cast<size_t>(r) * K,
+                                       sel.begin() + static_cast<size_t>(r) * K + cnt);
+            const int h = s.policy == GqaPolicy::PerHead ? r : r * G;
+            if (got == ref[h]) continue;
+            bool tie = false;
+            if (P > K) {
+                cpu_row_scores(c, q, s, r, P - 1, row_scores, nullptr);
+                tie = near_tie(row_scores, K - 1);
+            }
+            st.near_ties += tie;
+            st.mismatched += !tie;
+            EXPECT_TRUE(tie) << "row " << r << " differs from quest_select_ref";
+        }
+    }
+    std::printf("[selection] %d rows, %d near-tied (not compared), %d mismatched\n", st.rows, st.near_ties,
+                st.mismatched);
+    EXPECT_LE(st.near_ties, st.rows / 10);
+}
+
+// The attention kernel alone, fed quest_select_ref's page sets (independent of the GPU top-k).
+TEST(QuestCuda, SparseAttentionOnReferencePages) {
+    QUEST_REQUIRE_GPU();
+    const std::vector<Shape> shapes = {
+        {16, 4, 128, 16, 2000, 20, GqaPolicy::KvMax},
+        {16, 4, 64, 8, 1500, 33, GqaPolicy::PerHead},
+        {8, 1, 128, 32, 999, 4, GqaPolicy::KvSum},
+    };
+    uint32_t seed = 3000;
+    for (const Shape& s : shapes) {
+        SCOPED_TRACE(describe(s));
+        std::mt19937 rng(seed++);
+        const int cap = (ceil_div_i(s.len, s.page_size) + 2) * s.page_size;
+        const Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, cap, s.len, true);
+        std::vector<float> q = random_q(rng, static_cast<size_t>(s.num_heads) * s.head_dim);
+        QuestSelectArgs a;
+        a.q = q.data();  // (q is rounded below; selection on the unrounded q is as good a page set)
+        a.kmin = c.kmin.data();
+        a.kmax = c.kmax.data();
+        a.num_heads = s.num_heads;
+        a.num_kv_heads = s.num_kv_heads;
+        a.head_dim = s.head_dim;
+        a.page_capacity = c.max_pages;
+        a.len = s.len;
+        a.page_size = s.page_size;
+        a.page_budget = s.page_budget;
+        a.policy = s.policy;
+        std::vector<std::vector<int>> ref_sel;
+        quest_select_ref(a, ref_sel);
+        const int rows = quest_selection_rows(s.num_heads, s.num_kv_heads, s.policy);
+        const int G = s.num_heads / s.num_kv_heads;
+        std::vector<int> sel(static_cast<size_t>(rows) * s.page_budget, -1);
+        for (int r = 0; r < rows; ++r) {
+            const std::vector<int>& pages = ref_sel[s.policy == GqaPolicy::PerHead ? r : r * G];
+            std::copy(pages.begin(), pages.end(), sel.begin() + static_cast<size_t>(r) * s.page_budget);
+        }
+        DeviceBuffer<__half> dq(q.size()), dout(q.size());
+        dq.upload(to_half(q));
+        Workspace w(s, c.max_pages);
+        w.poison();
+        w.selected.upload(sel);
+        dout.fill_bytes(0xFF);
+        DeviceBuffer<int> dpos(1);
+        dpos.upload(std::vector<int>{s.len - 1});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+        attention_decode_sparse(dout.get(), dq.get(), c.view(), dpos.get(), w.selected.get(), s.num_heads,
+                                s.page_budget, s.policy, scale, w.ws(), nullptr);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        const std::vector<float> out = test::to_float(dout.download());
+        const int cnt = std::min(ceil_div_i(s.len, s.page_size), s.page_budget);
+        std::vector<float> ref(s.head_dim), got(s.head_dim);
+        for (int h = 0; h < s.num_heads; ++h) {
+            const int r = s.policy == GqaPolicy::PerHead ? h : h / G;
+            attention_pages_ref(ref.data(), q.data() + static_cast<size_t>(h) * s.head_dim, c.kh(h / G), c.vh(h / G),
+                                s.head_dim, s.len, s.page_size,
+                                std::span<const int>(sel.data() + static_cast<size_t>(r) * s.page_budget, cnt), scale);
+            std::copy(out.begin() + static_cast<size_t>(h) * s.head_dim,
+                      out.begin() + static_cast<size_t>(h + 1) * s.head_dim, got.begin());
+            EXPECT_LE(rel_err(got, ref), 2e-3) << "head " << h;
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 6. Graph replay: one captured step, replayed at lengths that change from launch to launch (only *d_pos changes).
+// ---------------------------------------------------------------------------------------------------------------------
+TEST(QuestCuda, GraphReplayAtChangingLengths) {
+    QUEST_REQUIRE_GPU();
+    for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::PerHead}) {
+        const int H = 16, Hkv = 4, D = 128, S = 16, cap = 2048, K = 16;
+        SCOPED_TRACE(std::string(gqa_policy_name(pol)));
+        std::mt19937 rng(pol == GqaPolicy::KvMax ? 11 : 12);
+        // Every token of the capacity is valid and every page's metadata covers its full page: the complete pages
+        // of any length then have exactly their metadata (the last page's is never scored).
+        const Cache c = make_cache(rng, Hkv, D, S, cap, cap, true);
+        std::vector<float> q = random_q(rng, static_cast<size_t>(H) * D);
+        DeviceBuffer<__half> dq(q.size()), dout(q.size());
+        dq.upload(to_half(q));
+        Shape s{H, Hkv, D, S, 1, K, pol};
+        Workspace w(s, c.max_pages);
+        DeviceBuffer<int> dpos(1);
+        dpos.upload(std::vector<int>{cap - 1});
+        const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+        cudaStream_t stream;
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        // Warm-up launch (first-use attribute/occupancy queries happen outside the capture), then capture.
+        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), H, K, pol, scale, w.ws(), stream);
+        CUDA_CHECK(cudaStreamSynchronize(stream));
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), H, K, pol, scale, w.ws(), stream);
+        CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        CaseStats st;
+        for (int len : {1, 17, 255, 256, 257, 1000, 300, 2048, 16 * 16, 16 * 16 + 1, 2047, 5, 1500}) {
+            SCOPED_TRACE("len " + std::to_string(len));
+            w.poison();
+            dout.fill_bytes(0xFF);
+            dpos.upload(std::vector<int>{len - 1});
+            CUDA_CHECK(cudaGraphLaunch(exec, stream));
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            s.len = len;
+            check_step(s, c, q, w.selected.download(), test::to_float(dout.download()), st);
+            EXPECT_TRUE(w.counters_zero()) << "merge counters not reset";
+        }
+        std::printf("[graph %s] %d selection rows, %d near-tied, %d mismatched; worst attention rel_err %.3g\n",
+                    std::string(gqa_policy_name(pol)).c_str(), st.rows, st.near_ties, st.mismatched, st.worst_attn);
+        CUDA_CHECK(cudaGraphExecDestroy(exec));
+        CUDA_CHECK(cudaGraphDestroy(graph));
+        CUDA_CHECK(cudaStreamDestroy(stream));
+    }
+}
+
+// Preconditions are checked on the host.
+TEST(QuestCuda, RejectsBadShapes) {
+    QUEST_REQUIRE_GPU();
+    EXPECT_THROW(quest_workspace_sizes(8, 3, 128, 16, 64, 8, GqaPolicy::KvMax), std::invalid_argument);
+    EXPECT_THROW(quest_workspace_sizes(8, 2, 96, 16, 64, 8, GqaPolicy::KvMax), std::invalid_argument);
+    EXPECT_THROW(quest_workspace_sizes(8, 2, 128, 12, 64, 8, GqaPolicy::KvMax), std::invalid_argument);
+    EXPECT_THROW(quest_workspace_sizes(8, 2, 128, 16, 64, 0, GqaPolicy::KvMax), std::invalid_argument);
+    const QuestWorkspaceSizes z = quest_workspace_sizes(32, 32, 128, 16, 2048, 128, GqaPolicy::KvMax);
+    EXPECT_EQ(z.rows, 32);
+    EXPECT_EQ(z.scores, 32u * 2048u);
+    EXPECT_EQ(z.selected, 32u * 128u);
+    EXPECT_EQ(z.partial_o, static_cast<size_t>(32) * z.max_splits * 128);
+    EXPECT_GE(z.max_splits * z.pages_per_split, 128);
+}
+
+}  // namespace
+}  // namespace quest

@@ -1,0 +1,57 @@
+#!/bin/bash
+# One call on the GPU machine (the device tool), from the repository root, with .device-bin and .device-deps carried
+# (tools/device/stage.sh prepares them). Stages (default: all): tests sanitizer kernels bench fixtures.
+# Logs and JSON go to $OUT; a short table is printed last.
+set -u
+OUT=${OUT:-/tmp/quest-out}
+mkdir -p "$OUT"
+BIN=$PWD/.device-bin
+stages=${*:-tests kernels bench fixtures sanitizer}
+mkdir -p /tmp/deps
+for f in .device-deps/*.deb; do dpkg -x "$f" /tmp/deps; done
+export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+export QUEST_SOURCE_DIR=$PWD QUEST_DEMO_MODEL=$BIN/demo-random QUEST_SHARED_DIR=$BIN/shared
+summary=()
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt"
+
+for s in $stages; do
+  case $s in
+    tests)
+      "$BIN/quest_cuda_tests" --gtest_output=json:"$OUT/cuda_tests.json" > "$OUT/cuda_tests.log" 2>&1
+      rc=$?
+      summary+=("cuda tests: rc=$rc $(grep -E '^\[  (PASSED|FAILED)  \]' "$OUT/cuda_tests.log" | tr '\n' ' ')")
+      grep -E '^\[  FAILED  \]|Failure|error' "$OUT/cuda_tests.log" | head -40
+      ;;
+    sanitizer)
+      # memcheck on small models and kernels (slow under the tool: small cases only)
+      filter='CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:QuestCuda*Small*:AttentionPrefill*Small*'
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
+        > "$OUT/memcheck.log" 2>&1
+      rc=$?
+      summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
+      timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
+        --gtest_filter='CudaOps.AttentionDecodeInsideAGraph*:CudaHfParity.*/0' > "$OUT/racecheck.log" 2>&1
+      rc=$?
+      summary+=("racecheck: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
+      ;;
+    kernels)
+      "$BIN/quest_kernel_bench" --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log"
+      summary+=("kernel bench: $(wc -l < "$OUT/kernels.log") lines")
+      ;;
+    bench)
+      "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
+        --budgets full,2048 --steps 64 --warmup 8 --page-size 16 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
+      summary+=("bench: see bench.log")
+      ;;
+    fixtures)
+      python3 tools/check_fixtures.py tests/fixtures/hf > "$OUT/fixtures.log" 2>&1
+      summary+=("fixtures re-checked with the device's transformers: rc=$? $(tail -1 "$OUT/fixtures.log")")
+      ;;
+  esac
+done
+echo
+echo "==== summary ===="
+for l in "${summary[@]}"; do echo "$l"; done
+[ -f "$OUT/bench.log" ] && grep -E "^(backend|cuda)" "$OUT/bench.log"
+true
