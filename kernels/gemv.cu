@@ -6,9 +6,7 @@ namespace quest {
 
 namespace {
 
-constexpr int kWarpsPerBlock = 4;
-constexpr int kRowsPerWarp = 2;  // rows share each 16-byte load of x
-constexpr int kUnroll = 4;       // 16-byte weight loads per row and lane in one batch; two batches in flight
+constexpr int kWarpsPerBlock = 4;  // for the scalar fall-back
 
 // Streaming 16-byte load of weights: read once per step, so keep them out of L1.
 __device__ __forceinline__ uint4 load_stream(const uint4* p) {
@@ -38,54 +36,99 @@ __device__ __forceinline__ float warp_sum(float v) {
     return v;
 }
 
-// cols % 8 == 0. Each warp computes kRowsPerWarp rows; lane l handles 16-byte chunks l, l+32, ... of its rows.
-// Software pipelined: the next batch of weight loads is issued before the current batch is consumed. The first
-// batch is issued before pdl_wait(): weights never change, so they stream in while the previous kernel finishes.
-__global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_vec_kernel(float* y, const __half* W, const __half* x,
-                                                                         int rows, int cols) {
-    const int lane = threadIdx.x & 31;
-    const int row0 = (blockIdx.x * kWarpsPerBlock + (threadIdx.x >> 5)) * kRowsPerWarp;
+// cols % 8 == 0. A block of W warps covers (W / KS) * R rows: each row's 16-byte chunks are split over KS warps
+// (column segments, reduced through shared memory) and each warp carries R rows, so one load of x serves R rows.
+// Lane l of a warp reads chunks l, l+32, ... of its segment, U per row in one batch; the next batch is issued
+// before the current one is consumed. The first batch is issued before pdl_wait(): weights never change, so they
+// stream in while the previous kernel in the graph finishes.
+template <int R, int U, int W, int KS>
+__global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half* Wt, const __half* x, int rows,
+                                                          int cols) {
+    static_assert(W % KS == 0, "warps must split evenly into column segments");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int seg = warp % KS;
+    const int row0 = (blockIdx.x * (W / KS) + warp / KS) * R;
     const int chunks = cols / 8;
-    const uint4* w[kRowsPerWarp];
+    const int seg_len = (chunks + KS - 1) / KS;
+    const int c_begin = seg * seg_len, c_end = min(chunks, c_begin + seg_len);
+    const uint4* w[R];
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r)  // rows past the end re-read the last row; their sums are dropped
-        w[r] = reinterpret_cast<const uint4*>(W + static_cast<int64_t>(min(row0 + r, rows - 1)) * cols);
+    for (int r = 0; r < R; ++r)  // rows past the end re-read the last row; their sums are dropped
+        w[r] = reinterpret_cast<const uint4*>(Wt + static_cast<int64_t>(min(row0 + r, rows - 1)) * cols);
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     const uint4 zero = make_uint4(0, 0, 0, 0);
 
-    uint4 cur[kUnroll][kRowsPerWarp], nxt[kUnroll][kRowsPerWarp];
-    int c = lane;
+    uint4 cur[U][R], nxt[U][R];
+    int c = c_begin + lane;
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
+    for (int u = 0; u < U; ++u)
 #pragma unroll
-        for (int r = 0; r < kRowsPerWarp; ++r) cur[u][r] = c + u * 32 < chunks ? load_stream(w[r] + c + u * 32) : zero;
+        for (int r = 0; r < R; ++r) cur[u][r] = c + u * 32 < c_end ? load_stream(w[r] + c + u * 32) : zero;
     pdl_trigger();
     pdl_wait();
 
-    float acc[kRowsPerWarp] = {};
-    for (; c < chunks; c += kUnroll * 32) {
-        const int cn = c + kUnroll * 32;
+    float acc[R] = {};
+    for (; c < c_end; c += U * 32) {
+        const int cn = c + U * 32;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r)
-                nxt[u][r] = cn + u * 32 < chunks ? load_stream(w[r] + cn + u * 32) : zero;
+            for (int r = 0; r < R; ++r) nxt[u][r] = cn + u * 32 < c_end ? load_stream(w[r] + cn + u * 32) : zero;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const uint4 xr = c + u * 32 < chunks ? __ldg(xv + c + u * 32) : zero;
+        for (int u = 0; u < U; ++u) {
+            const uint4 xr = c + u * 32 < c_end ? __ldg(xv + c + u * 32) : zero;
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) acc[r] += dot8(cur[u][r], xr);
+            for (int r = 0; r < R; ++r) acc[r] += dot8(cur[u][r], xr);
         }
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u)
+        for (int u = 0; u < U; ++u)
 #pragma unroll
-            for (int r = 0; r < kRowsPerWarp; ++r) cur[u][r] = nxt[u][r];
+            for (int r = 0; r < R; ++r) cur[u][r] = nxt[u][r];
     }
+    if constexpr (KS == 1) {
 #pragma unroll
-    for (int r = 0; r < kRowsPerWarp; ++r) {
-        const float sum = warp_sum(acc[r]);
-        if (lane == 0 && row0 + r < rows) y[row0 + r] = sum;
+        for (int r = 0; r < R; ++r) {
+            const float sum = warp_sum(acc[r]);
+            if (lane == 0 && row0 + r < rows) y[row0 + r] = sum;
+        }
+    } else {
+        __shared__ float part[W][R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float sum = warp_sum(acc[r]);
+            if (lane == 0) part[warp][r] = sum;
+        }
+        __syncthreads();
+        if (seg == 0 && lane < R) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int k = 0; k < KS; ++k) sum += part[warp + k][lane];
+            if (row0 + lane < rows) y[row0 + lane] = sum;
+        }
     }
+}
+
+struct GemvVariant {
+    const char* name;
+    void (*kernel)(float*, const __half*, const __half*, int, int);
+    int rows_per_block;
+    int threads;
+};
+
+#define QUEST_GEMV_VARIANT(R, U, W, KS) \
+    GemvVariant{"R" #R " U" #U " W" #W " KS" #KS, gemv_vec_kernel<R, U, W, KS>, (W / KS) * R, W * 32}
+// Candidates measured by quest_kernel_bench; variant 0 is the one gemv() uses (docs/measurements.md says why).
+// H200, 7B shapes (2026-11-29): R2 U4 W8 KS4 was the fastest or within 1% of it on all five shapes.
+const GemvVariant kVariants[] = {
+    QUEST_GEMV_VARIANT(2, 4, 8, 4), QUEST_GEMV_VARIANT(2, 4, 4, 1), QUEST_GEMV_VARIANT(1, 4, 8, 1),
+    QUEST_GEMV_VARIANT(1, 8, 4, 1), QUEST_GEMV_VARIANT(2, 8, 4, 1), QUEST_GEMV_VARIANT(4, 4, 4, 1),
+    QUEST_GEMV_VARIANT(1, 4, 8, 2), QUEST_GEMV_VARIANT(1, 8, 8, 4),
+};
+#undef QUEST_GEMV_VARIANT
+
+void launch_variant(const GemvVariant& v, float* y, const __half* W, const __half* x, int rows, int cols,
+                    cudaStream_t stream) {
+    launch_pdl(v.kernel, dim3(ceil_div(rows, v.rows_per_block)), dim3(v.threads), 0, stream, y, W, x, rows, cols);
 }
 
 // Any cols (tiny models such as stories260K, whose MLP width 172 is not a multiple of 8): scalar loads.
@@ -107,12 +150,21 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_scalar_kernel(float*
 void gemv(float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream) {
     QUEST_REQUIRE(y && W && x && rows > 0 && cols > 0, "gemv: bad arguments");
     if (cols % 8 == 0 && is_aligned(W, 16) && is_aligned(x, 16)) {
-        launch_pdl(gemv_vec_kernel, dim3(ceil_div(rows, kWarpsPerBlock * kRowsPerWarp)), dim3(kWarpsPerBlock * 32), 0,
-                   stream, y, W, x, rows, cols);
+        launch_variant(kVariants[0], y, W, x, rows, cols, stream);
     } else {
         launch_pdl(gemv_scalar_kernel, dim3(ceil_div(rows, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), 0, stream, y,
                    W, x, rows, cols);
     }
+}
+
+int gemv_variant_count() { return static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0])); }
+const char* gemv_variant_name(int v) { return kVariants[v].name; }
+
+void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream) {
+    QUEST_REQUIRE(v >= 0 && v < gemv_variant_count(), "gemv_variant: no such variant");
+    QUEST_REQUIRE(y && W && x && rows > 0 && cols > 0 && cols % 8 == 0 && is_aligned(W, 16) && is_aligned(x, 16),
+                  "gemv_variant: needs cols % 8 == 0 and 16-byte aligned W and x");
+    launch_variant(kVariants[v], y, W, x, rows, cols, stream);
 }
 
 void gemm_cublas(cublasHandle_t handle, float* Y, const __half* W, const __half* X, int T, int rows, int cols,

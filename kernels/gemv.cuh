@@ -11,6 +11,12 @@ namespace quest {
 // 16-byte loads. Requires cols % 8 == 0 and 16-byte aligned W and x.
 void gemv(float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream);
 
+// The kernel variants gemv() chooses from (rows per warp, loads in flight, warps per block, column segments), for
+// the micro-benchmark and the tests; gemv() is variant 0.
+int gemv_variant_count();
+const char* gemv_variant_name(int v);
+void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream);
+
 // cuBLAS: Y[T][rows] = X[T][cols] W^T (fp16 inputs, fp32 accumulation and output). Prefill, and the batch-1
 // baseline the custom gemv is measured against.
 void gemm_cublas(cublasHandle_t handle, float* Y, const __half* W, const __half* X, int T, int rows, int cols,

@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     float* s_q = reinterpret_cast<float*>(smem + C::RING_BYTES);             // [2][GT][D]
     uint32_t* s_mask = reinterpret_cast<uint32_t*>(s_q + 2 * C::Q_FLOATS);  // [2][GT][D / 2]
 
+    pdl_wait();  // q and the metadata come from the kernels before this one
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
     if (P <= page_budget) return;  // dense step: no selection, no scores
@@ -337,6 +338,7 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
     __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
     __shared__ int s_digit, s_above;
 
+    pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     int* out = selected + static_cast<size_t>(blockIdx.x) * page_budget;
     const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
@@ -554,6 +556,7 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     __shared__ int s_pages[kMaxPagesPerSplit];
     __shared__ int s_last;
 
+    pdl_wait();
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
     const int n_sel = min(P, page_budget);
@@ -841,10 +844,9 @@ void launch_scores(float* scores, const __half* q, const KvLayerView& kv, const 
         static_cast<long long>(ceil_div(std::max(kv.max_pages - 1, 1), kScoreTile)) * kv.num_kv_heads;
     const long long resident = static_cast<long long>(sm_count()) * per_sm.load(std::memory_order_relaxed);
     const int grid = static_cast<int>(std::min(max_items, resident));
-    page_scores_kernel<D, GT><<<grid, kScoreThreads, smem, stream>>>(
-        scores, q, kv.kmin, kv.kmax, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size),
-        page_budget, policy == GqaPolicy::PerHead, policy == GqaPolicy::KvSum);
-    CUDA_CHECK_LAUNCH();
+    launch_pdl(page_scores_kernel<D, GT>, dim3(grid), dim3(kScoreThreads), smem, stream, scores, q, kv.kmin, kv.kmax,
+               d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size), page_budget,
+               static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum));
 }
 
 template <int D>
@@ -881,11 +883,10 @@ void launch_attention(const AttnArgs& a) {
     const bool per_head = a.policy == GqaPolicy::PerHead;
     const int slabs = per_head ? a.num_heads : kv.num_kv_heads * ceil_div(G, HB);
     const dim3 grid(a.max_splits, slabs);
-    sparse_attention_kernel<D, HB><<<grid, kAttnThreads, 0, a.stream>>>(
-        a.out, a.ws->partial_o, a.ws->partial_ml, a.ws->counters, a.q, kv.k, kv.v, a.selected, a.d_pos, a.num_heads,
-        kv.num_kv_heads, kv.capacity, kv.max_pages, log2_exact(kv.page_size), a.page_budget, a.pages_per_split,
-        a.max_splits, per_head ? 1 : 0, a.scale * 1.4426950408889634f);
-    CUDA_CHECK_LAUNCH();
+    launch_pdl(sparse_attention_kernel<D, HB>, grid, dim3(kAttnThreads), 0, a.stream, a.out, a.ws->partial_o,
+               a.ws->partial_ml, a.ws->counters, a.q, kv.k, kv.v, a.selected, a.d_pos, a.num_heads, kv.num_kv_heads,
+               kv.capacity, kv.max_pages, log2_exact(kv.page_size), a.page_budget, a.pages_per_split, a.max_splits,
+               static_cast<int>(per_head), a.scale * 1.4426950408889634f);
 }
 
 template <int D>
@@ -960,9 +961,8 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
     const int smem = cache ? score_stride * static_cast<int>(sizeof(uint32_t)) : 0;
     if (smem > 32 * 1024)  // opt in beyond the default 48 KB (static + dynamic); not a stream operation
         CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    top_k_kernel<<<rows, kTopkThreads, smem, stream>>>(selected, scores, score_stride, d_pos, log2_exact(page_size),
-                                                      page_budget, cache ? 1 : 0);
-    CUDA_CHECK_LAUNCH();
+    launch_pdl(top_k_kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
+               score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache));
 }
 
 void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
