@@ -1,10 +1,12 @@
 #include "engine/bench.h"
 
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
 
 #include "model/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace quest {
 
@@ -19,6 +21,15 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
     } else {
         folder = open_model_folder(r.model);
         config = folder.config;
+    }
+    std::vector<int> text_ids;
+    if (!r.text_file.empty()) {
+        if (r.random_weights) throw InputError("bench: --text needs a model folder with tokenizer.model, not --random-weights");
+        std::ifstream in(r.text_file, std::ios::binary);
+        if (!in) throw InputError(r.text_file + ": cannot open (--text)");
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        text_ids = Tokenizer(folder.tokenizer_file()).encode(text, /*add_bos=*/false);
+        if (text_ids.empty()) throw InputError(r.text_file + ": no tokens in the text (--text)");
     }
     std::vector<BenchRow> rows;
     for (int ctx : r.contexts) {
@@ -39,7 +50,8 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             std::mt19937 rng(static_cast<uint32_t>(r.seed));
             std::uniform_int_distribution<int> tok(3, config.vocab_size - 1);
             std::vector<int> prompt(ctx);
-            for (int& t : prompt) t = tok(rng);
+            for (int i = 0; i < ctx; ++i)  // the text repeated, or random ids
+                prompt[i] = text_ids.empty() ? tok(rng) : text_ids[(i - 1 + text_ids.size()) % text_ids.size()];
             prompt[0] = config.bos_token_id;
             Stopwatch sw;
             b->prefill(prompt);

@@ -21,6 +21,7 @@ struct BenchRequest {
     int steps = 64;
     int warmup = 8;
     uint64_t seed = 1;
+    std::string text_file;  // prefill with this text's tokens (repeated to the context length) instead of random ids
 };
 
 struct BenchRow {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
@@ -99,8 +100,37 @@ void print_summary(const GenerateResult& r, const Backend& b) {
     std::fprintf(stderr, "stop: %s\n", r.stop_reason.c_str());
 }
 
+// Ctrl-C: the first press stops the current answer (chat) or generation; the handler only sets this flag.
+std::atomic<bool> g_interrupted{false};
+extern "C" void on_sigint(int) { g_interrupted.store(true); }
+
+void install_sigint() {
+    struct sigaction sa {};
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocked read returns so the REPL sees the interrupt
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+// Writes `text` to path + ".tmp" and renames it, so that an interrupted run leaves no partial file.
+void write_file_atomic(const std::string& path, const std::string& text) {
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary);
+        if (!out) throw InputError(path + ": cannot write");
+        out << text;
+        if (!out.flush()) throw InputError(path + ": write failed");
+    }
+    std::error_code ec;
+    std::filesystem::rename(tmp, path, ec);
+    if (ec) {
+        std::filesystem::remove(tmp, ec);
+        throw InputError(path + ": cannot write (" + ec.message() + ")");
+    }
+}
+
 int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::string& prompt_file, int n,
-                 SamplerSettings ss, bool seed_given) {
+                 SamplerSettings ss, bool seed_given, const std::string& json_path) {
     const QuestSettings q = mf.quest_settings();
     const ModelFolder model = open_model_folder(mf.model_dir);
     const Tokenizer tok(model.tokenizer_file());
@@ -125,20 +155,42 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
 
     Sampler sampler(ss);
     StreamingDecoder stream(tok);
+    std::string text;
+    install_sigint();
     const GenerateResult r = generate(*backend, sampler, ids, n, [&](int token) {
+        if (g_interrupted.load()) return false;
         if (model.config.is_eos(token)) return true;
-        const std::string text = stream.push(token);
-        std::fwrite(text.data(), 1, text.size(), stdout);
+        const std::string piece = stream.push(token);
+        text += piece;
+        std::fwrite(piece.data(), 1, piece.size(), stdout);
         std::fflush(stdout);
         return true;
     });
     const std::string rest = stream.flush();
+    text += rest;
     std::fwrite(rest.data(), 1, rest.size(), stdout);
     std::fputc('\n', stdout);
     std::fflush(stdout);
     if (r.stop_reason == "context_full")
         spdlog::warn("stopped: the context is full ({} tokens); raise it with -c", backend->capacity());
     print_summary(r, *backend);
+    if (!json_path.empty()) {
+        const LatencyStats st = summarize_latency(r.decode_ms);
+        const nlohmann::json j = {{"model", mf.model_dir},
+                                  {"backend", backend->name()},
+                                  {"attention", q.describe()},
+                                  {"seed", ss.seed},
+                                  {"prompt_tokens", ids},
+                                  {"tokens", r.tokens},
+                                  {"text", text},
+                                  {"stop_reason", r.stop_reason},
+                                  {"prefill_ms", r.prefill_ms},
+                                  {"decode_ms", r.decode_ms},
+                                  {"decode_p50_ms", st.p50},
+                                  {"decode_p90_ms", st.p90},
+                                  {"decode_mean_ms", st.mean}};
+        write_file_atomic(json_path, j.dump(2) + "\n");
+    }
     return 0;
 }
 
@@ -170,7 +222,7 @@ struct BenchFlags {
     std::string contexts = "4096", budgets = "full,2048";
     int steps = 64, warmup = 8;
     uint64_t seed = 1;
-    std::string json, csv;
+    std::string json, csv, plot, text;
 };
 
 int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
@@ -183,29 +235,21 @@ int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
     r.steps = bf.steps;
     r.warmup = bf.warmup;
     r.seed = bf.seed;
+    r.text_file = bf.text;
     const auto rows = run_bench(r, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
     std::fputs(bench_table(rows).c_str(), stdout);
-    auto write = [](const std::string& path, const std::string& text) {
-        if (path.empty()) return;
-        std::ofstream out(path);
-        if (!out) throw InputError(path + ": cannot write");
-        out << text;
-    };
-    write(bf.json, bench_json(rows));
-    write(bf.csv, bench_csv(rows));
+    if (!bf.json.empty()) write_file_atomic(bf.json, bench_json(rows));
+    if (!bf.csv.empty()) write_file_atomic(bf.csv, bench_csv(rows));
+    if (!bf.plot.empty()) {  // latency vs context, one line per budget and weight type (tools/plot_bench.py)
+        const std::string json = bf.json.empty() ? bf.plot + ".json" : bf.json;
+        if (bf.json.empty()) write_file_atomic(json, bench_json(rows));
+        const std::string script = std::string(QUEST_SOURCE_DIR) + "/tools/plot_bench.py";
+        const std::string cmd = "python3 '" + script + "' '" + json + "' '" + bf.plot + "'";
+        if (std::system(cmd.c_str()) != 0)
+            throw InputError("--plot: '" + cmd + "' failed (needs python3 with matplotlib)");
+        if (bf.json.empty()) std::filesystem::remove(json);
+    }
     return 0;
-}
-
-// Ctrl-C: the first press stops the current answer (chat) or generation; the handler only sets this flag.
-std::atomic<bool> g_interrupted{false};
-extern "C" void on_sigint(int) { g_interrupted.store(true); }
-
-void install_sigint() {
-    struct sigaction sa {};
-    sa.sa_handler = on_sigint;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = 0;  // no SA_RESTART: a blocked read returns so the REPL sees the interrupt
-    sigaction(SIGINT, &sa, nullptr);
 }
 
 struct ChatFlags {
@@ -330,6 +374,8 @@ int run_cli(int argc, char** argv) {
     gen->add_option("--top-k", sampling.top_k, "top-k (0: off)")->capture_default_str();
     gen->add_option("--top-p", sampling.top_p, "nucleus top-p (1: off)")->capture_default_str();
     auto* seed_opt = gen->add_option("--seed", sampling.seed, "sampling seed (default: random, printed)");
+    std::string gen_json;
+    gen->add_option("--json", gen_json, "write tokens, text and timings as JSON");
 
     // make-model
     std::string mm_config, mm_out, mm_tokenizer, mm_dtype = "f16";
@@ -356,6 +402,8 @@ int run_cli(int argc, char** argv) {
     bench->add_option("--seed", bf.seed, "seed of the random prompt and weights")->capture_default_str();
     bench->add_option("--json", bf.json, "write the rows as JSON");
     bench->add_option("--csv", bf.csv, "write the rows as CSV");
+    bench->add_option("--plot", bf.plot, "draw latency vs context as PNG (python3 + matplotlib)");
+    bench->add_option("--text", bf.text, "prefill with this text's tokens (repeated) instead of random ids");
 
     // chat
     ModelFlags chat_flags;
@@ -379,7 +427,8 @@ int run_cli(int argc, char** argv) {
     }
 
     try {
-        if (gen->parsed()) return cmd_generate(gen_flags, prompt, prompt_file, n_tokens, sampling, seed_opt->count() > 0);
+        if (gen->parsed()) return cmd_generate(gen_flags, prompt, prompt_file, n_tokens, sampling, seed_opt->count() > 0,
+                                            gen_json);
         if (bench->parsed()) return cmd_bench(bench_flags, bf);
         if (chat->parsed()) {
             cf.seed_given = chat_seed->count() > 0;

@@ -150,3 +150,49 @@ TEST(Cli, ScriptedChatOverAPipe) {
     EXPECT_THAT(r.err, HasSubstr("last answer: prefill"));
     EXPECT_THAT(r.err, HasSubstr("(conversation reset)"));
 }
+
+TEST(Cli, GenerateJsonHasTokensTextAndTimings) {
+    const auto m = small_model("cli_json");
+    const auto dir = test::temp_dir("cli_json_out");
+    const RunResult r = run_quest("generate -m '" + m.string() + "' -p 'hello' -n 6 --temp 0 --json '" +
+                                  (dir / "g.json").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(dir / "g.json");
+    const std::string json((std::istreambuf_iterator<char>(in)), {});
+    for (const char* key : {"\"tokens\"", "\"text\"", "\"prefill_ms\"", "\"decode_ms\"", "\"decode_p50_ms\"",
+                            "\"stop_reason\": \"max_tokens\"", "\"prompt_tokens\""})
+        EXPECT_THAT(json, HasSubstr(key));
+    EXPECT_FALSE(std::filesystem::exists(dir / "g.json.tmp")) << "written through a temporary file";
+}
+
+TEST(Cli, ContextBeyondTheModelMaximumIsRefused) {
+    const auto m = small_model("cli_ctx");  // max_position_embeddings 256, no rope scaling
+    const RunResult r = run_quest("generate -m '" + m.string() + "' -p hi -n 4 -c 100000");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("exceeds the model's maximum context of 256"));
+}
+
+TEST(Cli, BenchPrefillsFromAText) {
+    const auto dir = test::temp_dir("cli_bench_text");
+    std::ofstream(dir / "t.txt") << "The little fox ran into the woods to find the old tree.";
+    const RunResult r = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                  "' --contexts 100 --budgets 16 --page-size 8 --steps 2 --warmup 0 --text '" +
+                                  (dir / "t.txt").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("p50_ms"));
+    const RunResult bad = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                    "' --contexts 100 --budgets full --text /nonexistent/t.txt");
+    EXPECT_EQ(bad.exit_code, 2);
+    EXPECT_THAT(bad.err, HasSubstr("/nonexistent/t.txt"));
+}
+
+TEST(Cli, BenchPlotWhenMatplotlibIsThere) {
+    if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+        GTEST_SKIP() << "SKIPPED: python3 with matplotlib is not installed (bench --plot needs it)";
+    const auto dir = test::temp_dir("cli_plot");
+    const RunResult r = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                  "' --contexts 40,80 --budgets full,16 --page-size 8 --steps 2 --warmup 0 --plot '" +
+                                  (dir / "p.png").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_GT(std::filesystem::file_size(dir / "p.png"), 1000u);
+}
