@@ -31,6 +31,8 @@ public:
     virtual double last_decode_ms() const = 0;
     // Device memory the backend holds (0 for the CPU backend).
     virtual size_t device_memory_bytes() const { return 0; }
+    // Per-kernel-group timing of the decode step when the backend was built with profiling ("" otherwise).
+    virtual std::string profile_report() const { return ""; }
 };
 
 }  // namespace quest

@@ -26,6 +26,7 @@ CudaOptions cuda_options(const BackendOptions& o) {
     CudaOptions c;
     c.use_graph = o.cuda_graph;
     c.memory_limit = o.memory_limit;
+    c.profile = o.profile;
     return c;
 }
 #endif

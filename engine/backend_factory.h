@@ -14,6 +14,7 @@ struct BackendOptions {
     QuestSettings quest;
     bool cuda_graph = true;      // cuda: replay the decode step as a CUDA graph
     size_t memory_limit = 0;     // cuda: bytes the memory plan may use (0: what the device has free)
+    bool profile = false;        // cuda: time the decode step's kernel groups (eager launches)
 };
 
 bool cuda_backend_built();

@@ -74,6 +74,7 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             row.bytes = bytes;
             row.gbps = static_cast<double>(bytes) / (row.ms.p50 * 1e-3) / 1e9;
             row.device_memory = b->device_memory_bytes();
+            if (const std::string report = b->profile_report(); !report.empty()) progress(report);
             rows.push_back(row);
             char line[200];
             std::snprintf(line, sizeof line, "  decode: p50 %.3f ms/token, %.0f GB/s", row.ms.p50, row.gbps);

@@ -41,6 +41,7 @@ struct ModelFlags {
     std::optional<std::string> gqa_policy;
     bool full_attention = false;
     bool no_graph = false;
+    bool profile = false;
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
@@ -63,6 +64,7 @@ struct ModelFlags {
         o.capacity = capacity;
         o.quest = quest_settings();
         o.cuda_graph = !no_graph;
+        o.profile = profile;
         return o;
     }
 
@@ -402,6 +404,8 @@ int run_cli(int argc, char** argv) {
     bench->add_option("--seed", bf.seed, "seed of the random prompt and weights")->capture_default_str();
     bench->add_option("--json", bf.json, "write the rows as JSON");
     bench->add_option("--csv", bf.csv, "write the rows as CSV");
+    bench->add_flag("--breakdown", bench_flags.profile,
+                    "cuda: time the decode step per kernel group (eager launches; printed per row)");
     bench->add_option("--plot", bf.plot, "draw latency vs context as PNG (python3 + matplotlib)");
     bench->add_option("--text", bf.text, "prefill with this text's tokens (repeated) instead of random ids");
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 
 #include "kernels/attention_prefill.cuh"
 #include "kernels/elementwise.cuh"
@@ -107,6 +108,7 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
 }
 
 CudaLlama::~CudaLlama() {
+    for (cudaEvent_t e : profile_events_) cudaEventDestroy(e);
     if (graph_) cudaGraphExecDestroy(graph_);
     if (cublas_) cublasDestroy(cublas_);
     if (ev_start_) cudaEventDestroy(ev_start_);
@@ -387,35 +389,80 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
 // Decode
 // ------------------------------------------------------------------------------------------------------------------
 
+void CudaLlama::mark(const char* what) {
+    if (!opts_.profile) return;
+    if (marks_used_ == profile_events_.size()) {  // grows during the first step only
+        cudaEvent_t e;
+        CUDA_CHECK(cudaEventCreate(&e));
+        profile_events_.push_back(e);
+        profile_names_.push_back(what);
+    }
+    profile_names_[marks_used_] = what;
+    CUDA_CHECK(cudaEventRecord(profile_events_[marks_used_++], stream_));
+}
+
 void CudaLlama::enqueue_decode_step() {
     const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kvd = c_.kv_dim();
     const float eps = static_cast<float>(c_.rms_norm_eps);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
+    marks_used_ = 0;
+    mark("start");
     CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), h_token_, sizeof(int), cudaMemcpyHostToDevice, stream_));
     embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);
+    mark("embedding");
     for (int l = 0; l < c_.num_layers; ++l) {
         const Layer& L = layers_[l];
         const KvLayerView kv = kv_view(l);
         rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
+        mark("rms_norm");
         gemv(qkv_.get(), L.wqkv, xn_.get(), qd + 2 * kvd, H, stream_);
+        mark("gemv qkv");
         rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
+        mark("rope + kv append");
         if (quest_.quest_layer(l)) {
             quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
                          scale, quest_ws_, stream_);
+            mark("attention quest");
         } else {
             attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
                              stream_);
+            mark("attention full");
         }
         gemv(proj_.get(), L.wo, att_.get(), H, qd, stream_);
+        mark("gemv o");
         rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
+        mark("rms_norm");
         gemv(gu_.get(), L.wgu, xn_.get(), 2 * F, H, stream_);
+        mark("gemv gate+up");
         swiglu(act_.get(), gu_.get(), 1, F, stream_);
+        mark("swiglu");
         gemv(proj_.get(), L.wdown, act_.get(), H, F, stream_);
+        mark("gemv down");
     }
     rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
+    mark("rms_norm");
     gemv(logits_.get(), lm_head_, xn_.get(), V, H, stream_);
+    mark("gemv lm_head");
     advance_position(d_pos_.get(), 1, stream_);
     CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_.get(), sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
+    mark("logits to host");
+}
+
+std::string CudaLlama::profile_report() const {
+    if (!opts_.profile || profile_steps_ == 0) return "";
+    double total = 0;
+    for (const auto& [name, ms] : profile_ms_) total += ms;
+    std::string out = "decode step breakdown (eager launches with events, mean over " + std::to_string(profile_steps_) +
+                      " steps; the graph hides some launch gaps):\n";
+    std::vector<std::pair<double, std::string>> rows;
+    for (const auto& [name, ms] : profile_ms_) rows.push_back({ms / profile_steps_, name});
+    std::sort(rows.rbegin(), rows.rend());
+    for (const auto& [ms, name] : rows) {
+        char buf[160];
+        std::snprintf(buf, sizeof buf, "  %-20s %9.3f ms  %5.1f%%\n", name.c_str(), ms, 100.0 * ms * profile_steps_ / total);
+        out += buf;
+    }
+    return out;
 }
 
 std::span<const float> CudaLlama::decode(int token) {
@@ -425,7 +472,8 @@ std::span<const float> CudaLlama::decode(int token) {
         throw ResourceError("context full: the KV cache holds " + std::to_string(capacity_) + " tokens");
     *h_token_ = token;
     // The first step runs eagerly (it also performs one-time kernel attribute set-up); later steps replay a graph.
-    const bool capture = opts_.use_graph && decode_calls_ == 1 && !graph_;
+    // Profiling records events between kernel groups, so it runs eagerly.
+    const bool capture = opts_.use_graph && !opts_.profile && decode_calls_ == 1 && !graph_;
     if (capture) {
         cudaGraph_t g = nullptr;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -442,6 +490,14 @@ std::span<const float> CudaLlama::decode(int token) {
     float ms = 0;
     CUDA_CHECK(cudaEventElapsedTime(&ms, ev_start_, ev_stop_));
     last_ms_ = ms;
+    if (opts_.profile && decode_calls_ > 0) {  // the first step includes one-time set-up
+        for (size_t i = 1; i < marks_used_; ++i) {
+            float seg = 0;
+            CUDA_CHECK(cudaEventElapsedTime(&seg, profile_events_[i - 1], profile_events_[i]));
+            profile_ms_[profile_names_[i]] += seg;
+        }
+        ++profile_steps_;
+    }
     ++decode_calls_;
     ++pos_;
     std::memcpy(logits_host_.data(), h_logits_, sizeof(float) * c_.vocab_size);

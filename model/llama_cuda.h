@@ -4,6 +4,7 @@
 // and replayed (the position lives on the device; the only host synchronisation per step is reading the logits).
 #include <cublas_v2.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,6 +23,7 @@ struct CudaOptions {
     int split_tokens = 0;       // tokens per block of the split-K decode attention (0: default_split_tokens)
     bool use_graph = true;      // capture the decode step in a CUDA graph (false: launch kernel by kernel)
     size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
+    bool profile = false;       // time kernel groups with events (eager launches, no graph): profile_report()
 };
 
 // Device memory the backend needs, computed before anything is allocated.
@@ -58,6 +60,7 @@ public:
     size_t device_memory_bytes() const override { return device_bytes_; }
 
     const MemoryPlan& memory_plan() const { return plan_; }
+    std::string profile_report() const override;
     // Bytes one decode step must read at the current position (weights + KV or Quest's share + metadata).
     size_t decode_bytes() const;
 
@@ -67,6 +70,7 @@ private:
     void load_weights(const ModelFolder& model);
     void randomize_weights(uint64_t seed);
     void enqueue_decode_step();  // every kernel of one decode step on stream_
+    void mark(const char* what);  // profiling: an event after the kernels of `what`
     KvLayerView kv_view(int layer) const;
 
     struct Layer {
@@ -93,6 +97,12 @@ private:
     cudaGraphExec_t graph_ = nullptr;
     int decode_calls_ = 0;
     size_t device_bytes_ = 0;  // measured with cudaMemGetInfo around the allocations
+    // Profiling (CudaOptions::profile): events between kernel groups, milliseconds summed per group.
+    std::vector<cudaEvent_t> profile_events_;
+    std::vector<std::string> profile_names_;
+    size_t marks_used_ = 0;
+    std::map<std::string, double> profile_ms_;
+    int profile_steps_ = 0;
 
     // Device memory.
     DeviceBuffer<char> weight_arena_;
