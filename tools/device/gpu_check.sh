@@ -25,13 +25,14 @@ for s in $stages; do
       ;;
     sanitizer)
       # memcheck on small models and kernels (slow under the tool: small cases only)
-      filter='CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:QuestCuda*Small*:AttentionPrefill*Small*'
+      filter='CudaHfParity.*:CudaModel.Stories*:CudaModel.QuestSmall*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack'
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
         > "$OUT/memcheck.log" 2>&1
       rc=$?
       summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
-      timeout 90 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
-        --gtest_filter='CudaOps.AttentionDecodeInsideAGraph*:CudaHfParity.*/0' > "$OUT/racecheck.log" 2>&1
+      timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
+        --gtest_filter='CudaOps.AttentionDecodeInsideAGraph*:CudaHfParity.*/0:QuestCuda.GraphReplay*:CudaAttentionPrefill.NoSlack' \
+        > "$OUT/racecheck.log" 2>&1
       rc=$?
       summary+=("racecheck: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
       ;;
@@ -44,6 +45,20 @@ for s in $stages; do
         --budgets full,2048 --steps 64 --warmup 8 --page-size 16 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
       summary+=("bench: see bench.log")
       ;;
+    profile)
+      # where the step's time goes (eager launches with events), and what the CUDA graph saves
+      "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
+        --budgets full,2048 --steps 16 --warmup 4 --page-size 16 --breakdown > "$OUT/breakdown.log" 2>&1
+      "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
+        --budgets full,2048 --steps 32 --warmup 4 --page-size 16 --no-graph --json "$OUT/nograph.json" \
+        > "$OUT/nograph.log" 2>&1
+      summary+=("profile: breakdown.log, nograph.log")
+      ;;
+    hf)
+      PYTHONUNBUFFERED=1 python3 tools/hf_bench.py --config configs/llama2-7b.json --contexts 4096,32768 --steps 32 \
+        --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
+      summary+=("transformers: rc=$? $(tr '\n' ' ' < "$OUT/hf.log" | tail -c 300)")
+      ;;
     fixtures)
       python3 tools/check_fixtures.py tests/fixtures/hf > "$OUT/fixtures.log" 2>&1
       summary+=("fixtures re-checked with the device's transformers: rc=$? $(tail -1 "$OUT/fixtures.log")")
@@ -54,4 +69,6 @@ echo
 echo "==== summary ===="
 for l in "${summary[@]}"; do echo "$l"; done
 [ -f "$OUT/bench.log" ] && grep -E "^(backend|cuda)" "$OUT/bench.log"
+[ -f "$OUT/nograph.log" ] && grep -E "^(backend|cuda)" "$OUT/nograph.log"
+[ -f "$OUT/breakdown.log" ] && grep -E "^  [a-z]|^context|breakdown" "$OUT/breakdown.log"
 true
