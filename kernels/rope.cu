@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/rope.cuh"
@@ -6,7 +7,7 @@ namespace quest {
 
 namespace {
 
-// One block per token; threads walk the (head, pair) grid of q and k, then copy v.
+// grid (tokens, slices): the threads of a token's blocks walk the (head, pair) grid of q and k, then copy v.
 __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* qkv, const int* d_pos, int T,
                                    int num_heads, RopeDeviceParams rope) {
     pdl_wait();
@@ -27,7 +28,8 @@ __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* q
     }
 
     const int pairs = (num_heads + kv.num_kv_heads) * half;
-    for (int idx = threadIdx.x; idx < pairs; idx += blockDim.x) {
+    const int stride = gridDim.y * blockDim.x, first = blockIdx.y * blockDim.x + threadIdx.x;
+    for (int idx = first; idx < pairs; idx += stride) {
         const int h = idx / half, i = idx % half;
         float inv_freq;
         if (rope.dynamic) {
@@ -71,7 +73,7 @@ __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* q
         }
     }
     // Values: copied as they are.
-    for (int idx = threadIdx.x; idx < kv_dim; idx += blockDim.x) {
+    for (int idx = first; idx < kv_dim; idx += stride) {
         const int kh = idx / D, i = idx % D;
         kv.v[(static_cast<int64_t>(kh) * kv.capacity + pos) * D + i] = __float2half_rn(row[q_dim + kv_dim + idx]);
     }
@@ -105,8 +107,10 @@ void rope_append_kv(__half* q_out, const KvLayerView& kv, const float* qkv, cons
     QUEST_REQUIRE(rope.dynamic || rope.inv_freq, "rope_append_kv: inv_freq table missing");
     QUEST_REQUIRE(T > 1 || (kv.kmin && kv.kmax), "rope_append_kv: metadata missing");
     const int work = (num_heads + kv.num_kv_heads) * kv.head_dim / 2;
-    const int threads = work >= 512 ? 512 : ((work + 31) / 32) * 32;
-    launch_pdl(rope_append_kernel, dim3(T), dim3(threads), 0, stream, q_out, kv, qkv, d_pos, T, num_heads, rope);
+    const int threads = work >= 128 ? 128 : ((work + 31) / 32) * 32;
+    const int slices = std::min(ceil_div(work, threads), 64);  // a decode step's token spreads over several SMs
+    launch_pdl(rope_append_kernel, dim3(T, slices), dim3(threads), 0, stream, q_out, kv, qkv, d_pos, T, num_heads,
+               rope);
 }
 
 void page_metadata_rebuild(const KvLayerView& kv, int first_page, int last_page, int len, cudaStream_t stream) {
