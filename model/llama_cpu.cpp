@@ -64,6 +64,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
         const LayerWeightsF32& L = w_->layers[l];
         // Attention block.
         for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.attn_norm.data(), H, eps);
+        if (observer_) observer_(l, LinearSite::Qkv, xn.data(), n, H);
         matmul_ref(q.data(), L.wq.data(), xn.data(), n, c.q_dim(), H);
         matmul_ref(k.data(), L.wk.data(), xn.data(), n, c.kv_dim(), H);
         matmul_ref(v.data(), L.wv.data(), xn.data(), n, c.kv_dim(), H);
@@ -104,13 +105,16 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
             }
             if (select) selection_[l] = pages_per_head;
         }
+        if (observer_) observer_(l, LinearSite::O, att_out.data(), n, c.q_dim());
         matmul_ref(proj.data(), L.wo.data(), att_out.data(), n, H, c.q_dim());
         add_inplace_ref(x.data(), proj.data(), n * H);
         // MLP block.
         for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.mlp_norm.data(), H, eps);
+        if (observer_) observer_(l, LinearSite::GateUp, xn.data(), n, H);
         matmul_ref(gate.data(), L.w_gate.data(), xn.data(), n, F, H);
         matmul_ref(up.data(), L.w_up.data(), xn.data(), n, F, H);
         swiglu_ref(gate.data(), gate.data(), up.data(), n * F);
+        if (observer_) observer_(l, LinearSite::Down, gate.data(), n, F);
         matmul_ref(proj.data(), L.w_down.data(), gate.data(), n, H, F);
         add_inplace_ref(x.data(), proj.data(), n * H);
     }

@@ -2,6 +2,7 @@
 // The CPU reference backend: a Llama forward pass in fp32, with a paged KV cache, page metadata and Quest page
 // selection in the layers from `dense_layers` on. Plain loops over the ops in kernels/, meant to be obviously
 // right: it is the oracle for the CUDA backend.
+#include <functional>
 #include <memory>
 
 #include "engine/backend.h"
@@ -9,6 +10,11 @@
 #include "model/weights.h"
 
 namespace quest {
+
+// The inputs of the linear layers of a decoder layer: q|k|v, o, gate|up, down.
+enum class LinearSite { Qkv = 0, O = 1, GateUp = 2, Down = 3 };
+// Calibration (`quest quantize --awq-calib`): receives the fp32 input [tokens][cols] of each site in each layer.
+using ActivationObserver = std::function<void(int layer, LinearSite site, const float* x, int tokens, int cols)>;
 
 class CpuLlama final : public Backend {
 public:
@@ -28,6 +34,7 @@ public:
     // Pages each query head attended at the last decode step, [layer][head]; empty for layers that were dense.
     const std::vector<std::vector<std::vector<int>>>& last_selection() const { return selection_; }
     const KvCache& cache() const { return cache_; }
+    void set_activation_observer(ActivationObserver f) { observer_ = std::move(f); }
 
 private:
     // Runs `tokens` at positions [pos_, pos_ + n): dense causal attention, or (n == 1 and quest_step) Quest
@@ -41,6 +48,7 @@ private:
     double last_ms_ = 0;
     std::vector<float> logits_;
     std::vector<std::vector<std::vector<int>>> selection_;
+    ActivationObserver observer_;
 };
 
 }  // namespace quest

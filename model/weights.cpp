@@ -1,6 +1,7 @@
 #include "model/weights.h"
 
 #include "model/error.h"
+#include "model/quantize.h"
 
 namespace quest {
 
@@ -41,6 +42,11 @@ LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfi
     auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
         return load_tensor_f32(files, name, std::span<const int64_t>(shape.begin(), shape.size()));
     };
+    // Linear layers may be stored in 4 bits (quest-int4 or AutoAWQ, model/quantize.h): dequantized to fp32.
+    const LinearReader reader(files, read_quantization_info(files.dir()));
+    auto linear = [&](int l, const char* name, int64_t rows, int64_t cols) {
+        return reader.load_f32(N::layer(l, name), rows, cols);
+    };
     LlamaWeightsF32 w;
     w.config = c;
     w.embed = get(N::embed(), {V, h});
@@ -48,14 +54,14 @@ LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfi
     for (int l = 0; l < c.num_layers; ++l) {
         LayerWeightsF32& L = w.layers[l];
         L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
-        L.wq = get(N::layer(l, "self_attn.q_proj.weight"), {q, h});
-        L.wk = get(N::layer(l, "self_attn.k_proj.weight"), {kv, h});
-        L.wv = get(N::layer(l, "self_attn.v_proj.weight"), {kv, h});
-        L.wo = get(N::layer(l, "self_attn.o_proj.weight"), {h, q});
+        L.wq = linear(l, "self_attn.q_proj", q, h);
+        L.wk = linear(l, "self_attn.k_proj", kv, h);
+        L.wv = linear(l, "self_attn.v_proj", kv, h);
+        L.wo = linear(l, "self_attn.o_proj", h, q);
         L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
-        L.w_gate = get(N::layer(l, "mlp.gate_proj.weight"), {f, h});
-        L.w_up = get(N::layer(l, "mlp.up_proj.weight"), {f, h});
-        L.w_down = get(N::layer(l, "mlp.down_proj.weight"), {h, f});
+        L.w_gate = linear(l, "mlp.gate_proj", f, h);
+        L.w_up = linear(l, "mlp.up_proj", f, h);
+        L.w_down = linear(l, "mlp.down_proj", h, f);
     }
     w.final_norm = get(N::final_norm(), {h});
     if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});

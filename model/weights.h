@@ -46,8 +46,9 @@ struct LlamaWeightsF32 {
     const std::vector<float>& output_matrix() const { return lm_head.empty() ? embed : lm_head; }
 };
 
-// Reads every tensor (F32, F16 or BF16 in the file) into fp32. Throws InputError on a missing tensor, a wrong
-// shape, or a non-float dtype, naming the file and tensor.
+// Reads every tensor (F32, F16 or BF16 in the file) into fp32; linear layers stored in 4 bits (quest-int4 or AutoAWQ
+// GEMM, model/quantize.h) are dequantized. Throws InputError on a missing tensor, a wrong shape, or a wrong dtype,
+// naming the file and tensor.
 LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfig& config);
 
 // One tensor converted to fp32 with its shape checked.
