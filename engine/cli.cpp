@@ -18,6 +18,7 @@
 #include "engine/backend_factory.h"
 #include "engine/bench.h"
 #include "engine/chat.h"
+#include "engine/eval_cli.h"
 #include "engine/generate.h"
 #include "engine/quest_settings.h"
 #include "engine/sampler.h"
@@ -423,6 +424,9 @@ int run_cli(int argc, char** argv) {
     chat->add_option("--top-p", cf.sampling.top_p, "nucleus top-p (1: off)")->capture_default_str();
     auto* chat_seed = chat->add_option("--seed", cf.sampling.seed, "sampling seed (default: random)");
 
+    // eval
+    EvalCommand eval = add_eval_command(app);
+
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -434,6 +438,7 @@ int run_cli(int argc, char** argv) {
         if (gen->parsed()) return cmd_generate(gen_flags, prompt, prompt_file, n_tokens, sampling, seed_opt->count() > 0,
                                             gen_json);
         if (bench->parsed()) return cmd_bench(bench_flags, bf);
+        if (eval.app->parsed()) return eval.run();
         if (chat->parsed()) {
             cf.seed_given = chat_seed->count() > 0;
             return cmd_chat(chat_flags, cf);

@@ -27,6 +27,37 @@ std::span<const float> CpuLlama::prefill(std::span<const int> tokens, std::vecto
     return logits_;
 }
 
+void CpuLlama::set_selection_diagnostics(bool on) {
+    diagnostics_ = on;
+    const ModelConfig& c = w_->config;
+    diag_ = SelectionDiagnostics{};
+    diag_.selected_mass.assign(c.num_layers, std::vector<double>(c.num_heads, 0.0));
+    diag_.oracle_mass = diag_.selected_mass;
+    diag_.steps.assign(c.num_layers, 0);
+}
+
+void CpuLlama::record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& pages,
+                                     float scale) {
+    const ModelConfig& c = w_->config;
+    const int S = quest_.page_size, P = (len + S - 1) / S, K = quest_.page_budget();
+    if (P <= K) return;  // dense step: every page is read, nothing to compare
+    std::vector<float> mass(P);
+    for (int h = 0; h < c.num_heads; ++h) {
+        const int kvh = h / c.group_size();
+        attention_page_mass_ref(mass.data(), q + size_t(h) * c.head_dim, cache_.keys(layer, kvh), c.head_dim, len, S,
+                                scale);
+        double selected = 0.0;
+        for (int p : pages[h]) selected += mass[p];
+        // The oracle at the same budget: the last page plus the K-1 complete pages that hold the most mass.
+        const std::vector<float> complete(mass.begin(), mass.end() - 1);
+        double oracle = mass[P - 1];
+        for (int p : top_k_ref(complete, K - 1)) oracle += mass[p];
+        diag_.selected_mass[layer][h] += selected;
+        diag_.oracle_mass[layer][h] += oracle;
+    }
+    ++diag_.steps[layer];
+}
+
 std::span<const float> CpuLlama::decode(int token) {
     const auto t0 = std::chrono::steady_clock::now();
     const int one[] = {token};
@@ -104,6 +135,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                                        scale);
             }
             if (select) selection_[l] = pages_per_head;
+            if (select && diagnostics_) record_selection_mass(l, qt, len, pages_per_head, scale);
         }
         if (observer_) observer_(l, LinearSite::O, att_out.data(), n, c.q_dim());
         matmul_ref(proj.data(), L.wo.data(), att_out.data(), n, H, c.q_dim());

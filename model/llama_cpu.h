@@ -16,6 +16,15 @@ enum class LinearSite { Qkv = 0, O = 1, GateUp = 2, Down = 3 };
 // Calibration (`quest quantize --awq-calib`): receives the fp32 input [tokens][cols] of each site in each layer.
 using ActivationObserver = std::function<void(int layer, LinearSite site, const float* x, int tokens, int cols)>;
 
+// Selection quality (eval --diagnostics): per layer and query head, the softmax mass of the true attention that lies in
+// the pages Quest selected, and in the pages an oracle would select at the same budget (the last page plus the K-1
+// complete pages holding the most mass), summed over the decode steps that selected (P > K).
+struct SelectionDiagnostics {
+    std::vector<std::vector<double>> selected_mass;  // [layer][head]
+    std::vector<std::vector<double>> oracle_mass;    // [layer][head]
+    std::vector<int> steps;                          // [layer] steps that contributed
+};
+
 class CpuLlama final : public Backend {
 public:
     // capacity: tokens the KV cache holds. Settings are validated (InputError).
@@ -34,6 +43,9 @@ public:
     // Pages each query head attended at the last decode step, [layer][head]; empty for layers that were dense.
     const std::vector<std::vector<std::vector<int>>>& last_selection() const { return selection_; }
     const KvCache& cache() const { return cache_; }
+    // Selection diagnostics (costs a full attention pass per head and step): on/off, and the sums so far.
+    void set_selection_diagnostics(bool on);
+    const SelectionDiagnostics& selection_diagnostics() const { return diag_; }
     void set_activation_observer(ActivationObserver f) { observer_ = std::move(f); }
 
 private:
@@ -41,7 +53,12 @@ private:
     // selection in the Quest layers. Writes the last token's logits to logits_ and, if given, all to all_logits.
     void forward(std::span<const int> tokens, bool quest_step, std::vector<float>* all_logits);
 
+    void record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& pages,
+                               float scale);
+
     std::shared_ptr<const LlamaWeightsF32> w_;
+    bool diagnostics_ = false;
+    SelectionDiagnostics diag_;
     QuestSettings quest_;
     KvCache cache_;
     int pos_ = 0;

@@ -1,0 +1,85 @@
+#pragma once
+// Quality of sparse attention through the decode path (`quest eval`):
+//   passkey: the paper's protocol — filler text with a 5-digit pass key at depths spread from 0 to 100%, the context
+//            prefilled with the full cache, the question fed ONE TOKEN AT A TIME through decode (so Quest selects
+//            pages for it), the answer greedy-decoded, exact match of the integer;
+//   ppl:     perplexity of a text whose tokens after the first window go through the decode path (Quest active),
+//            against full attention.
+// With diagnostics (CPU backend), each row also reports the share of the true softmax mass that lies in the
+// selected pages against the oracle pages at the same budget.
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/backend.h"
+#include "tokenizer/tokenizer.h"
+
+namespace quest {
+
+// Makes a backend for the given Quest settings (full attention when settings.full_attention) and capacity.
+using BackendMaker = std::function<std::unique_ptr<Backend>(const QuestSettings& settings, int capacity)>;
+
+struct SelectionSummary {
+    bool valid = false;
+    double selected_mass = 0;  // mean over Quest layers, heads and steps
+    double oracle_mass = 0;
+    int steps = 0;
+    std::vector<std::vector<double>> per_layer_head_selected, per_layer_head_oracle;  // [layer][head] means
+};
+
+struct PasskeyRequest {
+    std::vector<int> contexts;  // tokens
+    std::vector<int> budgets;   // 0 = full attention
+    int samples = 10;           // keys per (context, budget), depths spread evenly over [0, 1]
+    uint64_t seed = 1;
+    bool diagnostics = false;
+    QuestSettings base;  // page size, dense layers, GQA policy
+};
+
+struct PasskeyRow {
+    int context = 0, budget = 0, samples = 0, correct = 0;
+    double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
+    std::vector<int> depths_percent;  // per sample
+    std::vector<bool> ok;             // per sample
+    SelectionSummary selection;
+};
+
+// The token ids of one passkey prompt of about `context` tokens (BOS, task, filler, the key at `depth` in [0, 1],
+// filler, question) split into the part that is prefilled and the question fed token by token.
+struct PasskeyPrompt {
+    std::vector<int> prefill;
+    std::vector<int> question;
+    int key = 0;
+};
+PasskeyPrompt make_passkey_prompt(const Tokenizer& tok, int context, double depth, int key);
+
+std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& tok, const PasskeyRequest& r,
+                                    const std::function<void(const std::string&)>& progress);
+
+struct PplRequest {
+    std::string text_file;
+    int window = 0;             // tokens prefilled densely (0: half the text, at most 1024)
+    int max_tokens = 0;         // 0: the whole text
+    std::vector<int> budgets;   // 0 = full attention
+    bool diagnostics = false;
+    QuestSettings base;
+};
+
+struct PplRow {
+    int budget = 0;
+    int tokens = 0;   // tokens scored through the decode path
+    double nll = 0;   // mean negative log-likelihood (nats)
+    double ppl() const;
+    SelectionSummary selection;
+};
+
+std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, const PplRequest& r,
+                            const std::function<void(const std::string&)>& progress);
+
+std::string passkey_table(const std::vector<PasskeyRow>& rows);
+std::string passkey_json(const std::vector<PasskeyRow>& rows);
+std::string ppl_table(const std::vector<PplRow>& rows);
+std::string ppl_json(const std::vector<PplRow>& rows);
+
+}  // namespace quest

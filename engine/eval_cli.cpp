@@ -1,0 +1,161 @@
+#include "engine/eval_cli.h"
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "engine/backend_factory.h"
+#include "engine/eval.h"
+#include "model/error.h"
+#include "model/llama_cpu.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace quest {
+
+namespace {
+
+struct EvalFlags {
+    std::string model, backend = "cpu", contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text;
+    int samples = 10, page_size = 0, dense_layers = -1, window = 0, max_tokens = 0;
+    std::string gqa_policy;
+    bool diagnostics = false;
+    uint64_t seed = 1;
+};
+
+std::vector<int> int_list(const std::string& s, const std::string& flag) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    for (std::string item; std::getline(ss, item, ',');) {
+        if (item == "full") {
+            out.push_back(0);
+            continue;
+        }
+        try {
+            size_t used = 0;
+            const int v = std::stoi(item, &used);
+            if (used != item.size() || v < 1) throw std::invalid_argument(item);
+            out.push_back(v);
+        } catch (const std::exception&) {
+            throw InputError(flag + ": expected a comma-separated list of positive integers or 'full', got '" + item + "'");
+        }
+    }
+    if (out.empty()) throw InputError(flag + ": empty list");
+    return out;
+}
+
+QuestSettings base_settings(const EvalFlags& f) {
+    QuestSettings q = default_quest_settings();
+    if (f.page_size > 0) q.page_size = f.page_size;
+    if (f.dense_layers >= 0) q.dense_layers = f.dense_layers;
+    if (!f.gqa_policy.empty() && !gqa_policy_from_name(f.gqa_policy, q.gqa_policy))
+        throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + f.gqa_policy + "'");
+    q.budget = std::max(q.budget, q.page_size);
+    return q;
+}
+
+// The CPU backend shares one copy of the weights across every (settings, capacity); CUDA reloads per backend.
+BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
+    if (f.backend == "cpu") {
+        auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
+        return [w](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
+            return std::make_unique<CpuLlama>(w, q, capacity);
+        };
+    }
+    return [model, kind = f.backend](const QuestSettings& q, int capacity) {
+        BackendOptions o;
+        o.kind = kind;
+        o.capacity = capacity;
+        o.quest = q;
+        return create_backend(model, o);
+    };
+}
+
+void write_atomic(const std::string& path, const std::string& text) {
+    if (path.empty()) return;
+    const std::string tmp = path + ".tmp";
+    {
+        std::ofstream out(tmp);
+        if (!out || !(out << text)) throw InputError(path + ": cannot write");
+    }
+    std::filesystem::rename(tmp, path);
+}
+
+void progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }
+
+}  // namespace
+
+EvalCommand add_eval_command(CLI::App& parent) {
+    auto flags = std::make_shared<EvalFlags>();
+    EvalCommand cmd;
+    cmd.app = parent.add_subcommand("eval", "Quality of sparse attention through the decode path: passkey, ppl");
+    cmd.app->require_subcommand(1);
+    auto common = [flags](CLI::App* a) {
+        a->add_option("-m,--model", flags->model, "Hugging Face Llama folder")->required();
+        a->add_option("--backend", flags->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
+        a->add_option("--budgets", flags->budgets, "comma-separated Quest budgets, 'full' for full attention")
+            ->capture_default_str();
+        a->add_option("--page-size", flags->page_size, "KV page size (default from configs/quest-default.json)");
+        a->add_option("--dense-layers", flags->dense_layers, "layers that always use full attention");
+        a->add_option("--gqa-policy", flags->gqa_policy, "kv-max, kv-sum or per-head");
+        a->add_flag("--diagnostics", flags->diagnostics,
+                    "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
+        a->add_option("--json", flags->json, "write the rows as JSON");
+    };
+    auto* passkey = cmd.app->add_subcommand("passkey", "Pass-key retrieval at several contexts and budgets");
+    common(passkey);
+    passkey->add_option("--contexts", flags->contexts, "comma-separated context lengths")->capture_default_str();
+    passkey->add_option("--samples", flags->samples, "keys per context and budget (depths 0..100%)")
+        ->capture_default_str();
+    passkey->add_option("--seed", flags->seed, "seed of the pass keys")->capture_default_str();
+    passkey->add_option("--plot", flags->plot, "accuracy vs budget as PNG (python3 + matplotlib)");
+    auto* ppl = cmd.app->add_subcommand("ppl", "Perplexity with the tokens after the first window decoded one by one");
+    common(ppl);
+    ppl->add_option("--text", flags->text, "text file")->required();
+    ppl->add_option("--window", flags->window, "tokens prefilled densely (default: half the text, at most 1024)");
+    ppl->add_option("--max-tokens", flags->max_tokens, "use at most this many tokens of the text");
+    cmd.run = [flags, passkey, ppl]() -> int {
+        const EvalFlags& f = *flags;
+        const ModelFolder model = open_model_folder(f.model);
+        const Tokenizer tok(model.tokenizer_file());
+        const BackendMaker make = maker(f, model);
+        if (passkey->parsed()) {
+            PasskeyRequest r;
+            r.contexts = int_list(f.contexts, "--contexts");
+            r.budgets = int_list(f.budgets, "--budgets");
+            r.samples = f.samples;
+            r.seed = f.seed;
+            r.diagnostics = f.diagnostics;
+            r.base = base_settings(f);
+            const auto rows = run_passkey(make, tok, r, progress);
+            std::fputs(passkey_table(rows).c_str(), stdout);
+            const std::string json = passkey_json(rows);
+            write_atomic(f.json, json);
+            if (!f.plot.empty()) {
+                const std::string tmp = f.plot + ".json";
+                write_atomic(tmp, json);
+                const std::string c = "python3 '" + std::string(QUEST_SOURCE_DIR) + "/tools/plot_passkey.py' '" + tmp +
+                                      "' '" + f.plot + "'";
+                const int rc = std::system(c.c_str());
+                std::filesystem::remove(tmp);
+                if (rc != 0) throw InputError("--plot: '" + c + "' failed (needs python3 with matplotlib)");
+            }
+            return 0;
+        }
+        PplRequest r;
+        r.text_file = f.text;
+        r.window = f.window;
+        r.max_tokens = f.max_tokens;
+        r.budgets = int_list(f.budgets, "--budgets");
+        r.diagnostics = f.diagnostics;
+        r.base = base_settings(f);
+        const auto rows = run_ppl(make, tok, r, progress);
+        std::fputs(ppl_table(rows).c_str(), stdout);
+        write_atomic(f.json, ppl_json(rows));
+        return 0;
+    };
+    return cmd;
+}
+
+}  // namespace quest

@@ -1,0 +1,102 @@
+// quest eval: the pass-key prompt, the decode-path protocol, perplexity, and the selection diagnostics.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+
+#include "engine/eval.h"
+#include "model/llama_cpu.h"
+#include "model/make_model.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "test_util.h"
+
+using namespace quest;
+
+namespace {
+
+struct TinyModel {
+    std::shared_ptr<LlamaWeightsF32> w;
+    Tokenizer tok;
+    BackendMaker make;
+};
+
+TinyModel tiny_model(const std::string& name) {
+    const auto dir = test::temp_dir(name);
+    const ModelConfig c = parse_model_config(
+        R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096})",
+        "inline");
+    write_random_llama(dir, c, {11, DType::F32});
+    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(dir), c));
+    BackendMaker make = [w](const QuestSettings& q, int cap) -> std::unique_ptr<Backend> {
+        return std::make_unique<CpuLlama>(w, q, cap);
+    };
+    return {w, Tokenizer(test::source_dir() / "models/demo/tokenizer.model"), make};
+}
+
+}  // namespace
+
+TEST(Eval, PasskeyPromptHasTheKeyAtTheDepthAndTheLength) {
+    const Tokenizer tok(test::source_dir() / "models/demo/tokenizer.model");
+    for (double depth : {0.0, 0.5, 1.0}) {
+        const PasskeyPrompt p = make_passkey_prompt(tok, 1000, depth, 48213);
+        const int total = static_cast<int>(p.prefill.size() + p.question.size());
+        EXPECT_LE(total, 1000);
+        EXPECT_GT(total, 900);
+        EXPECT_EQ(p.prefill.front(), tok.bos_id());
+        const std::string text = tok.decode(p.prefill);
+        const size_t at = text.find("48213");
+        ASSERT_NE(at, std::string::npos);
+        const double rel = static_cast<double>(at) / text.size();
+        EXPECT_NEAR(rel, depth, 0.1) << "the key sits at the requested depth";
+        EXPECT_THAT(tok.decode(p.question), ::testing::HasSubstr("What is the pass key?"));
+    }
+}
+
+TEST(Eval, PasskeyRunsThroughTheDecodePathWithDiagnostics) {
+    TinyModel m = tiny_model("eval_passkey");
+    PasskeyRequest r;
+    r.contexts = {300};
+    r.budgets = {0, 32, 4096};
+    r.samples = 3;
+    r.diagnostics = true;
+    r.base.page_size = 8;
+    r.base.dense_layers = 1;
+    const auto rows = run_passkey(m.make, m.tok, r, [](const std::string&) {});
+    ASSERT_EQ(rows.size(), 3u);
+    for (const auto& row : rows) {
+        EXPECT_EQ(row.samples, 3);
+        EXPECT_EQ(row.depths_percent, (std::vector<int>{0, 50, 100}));
+    }
+    EXPECT_FALSE(rows[0].selection.valid) << "full attention selects nothing";
+    EXPECT_FALSE(rows[2].selection.valid) << "B >= context: every step is dense";
+    const SelectionSummary& s = rows[1].selection;
+    ASSERT_TRUE(s.valid);
+    EXPECT_GT(s.steps, 0);
+    EXPECT_GT(s.selected_mass, 0.0);
+    EXPECT_LE(s.selected_mass, s.oracle_mass + 1e-9) << "the oracle holds at least Quest's mass";
+    EXPECT_LE(s.oracle_mass, 1.0 + 1e-6);
+    for (size_t l = 0; l < s.per_layer_head_selected.size(); ++l)
+        for (size_t h = 0; h < s.per_layer_head_selected[l].size(); ++h)
+            EXPECT_LE(s.per_layer_head_selected[l][h], s.per_layer_head_oracle[l][h] + 1e-9) << l << "," << h;
+}
+
+TEST(Eval, PerplexityQuestCoveringTheContextEqualsFull) {
+    TinyModel m = tiny_model("eval_ppl");
+    const auto dir = test::temp_dir("eval_ppl_text");
+    std::ofstream(dir / "t.txt") << "Once upon a time there was a little fox who lived in the woods. Every day the fox "
+                                    "ran to the river to drink and to look at the fish. One day the fox saw a bird.";
+    PplRequest r;
+    r.text_file = (dir / "t.txt").string();
+    r.window = 20;
+    r.budgets = {0, 1024, 16};
+    r.base.page_size = 4;
+    r.base.dense_layers = 1;
+    const auto rows = run_ppl(m.make, m.tok, r, [](const std::string&) {});
+    ASSERT_EQ(rows.size(), 3u);
+    EXPECT_GT(rows[0].tokens, 10);
+    EXPECT_GT(rows[0].ppl(), 1.0);
+    EXPECT_EQ(rows[1].nll, rows[0].nll) << "a budget covering the context is full attention, bit for bit";
+    EXPECT_NE(rows[2].nll, rows[0].nll) << "a 16-token budget selects pages";
+}
