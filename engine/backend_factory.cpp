@@ -5,6 +5,7 @@
 #include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/make_model.h"
+#include "model/quantize.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
 #ifdef QUEST_HAVE_CUDA
@@ -14,6 +15,17 @@
 namespace quest {
 
 namespace {
+// The CPU backend over a float checkpoint quantized on load (bench --weights int4): the fp32 reference of the
+// round-to-nearest int4 model. A folder already in 4 bits is read as it is.
+bool int4_on_load(const ModelFolder& model, const BackendOptions& o) {
+    return o.weights == BackendOptions::WeightFormat::Int4 &&
+           read_quantization_info(model.dir).method == QuantizationInfo::Method::None;
+}
+std::unique_ptr<Backend> make_cpu_backend_int4(const ModelFolder& model, const BackendOptions& o) {
+    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
+    fake_quantize_llama_weights(*w, o.int4_group);
+    return std::make_unique<CpuLlama>(std::move(w), o.quest, o.capacity);
+}
 [[noreturn]] void no_cuda() {
     throw InputError("--backend cuda: this build has no CUDA backend (configure on a machine with nvcc, "
                      "-DQUEST_CUDA=ON)");
@@ -27,6 +39,9 @@ CudaOptions cuda_options(const BackendOptions& o) {
     c.use_graph = o.cuda_graph;
     c.memory_limit = o.memory_limit;
     c.profile = o.profile;
+    c.int4_group = o.weights == BackendOptions::WeightFormat::Int4   ? o.int4_group
+                   : o.weights == BackendOptions::WeightFormat::Fp16 ? -1
+                                                                     : 0;
     return c;
 }
 #endif
@@ -42,6 +57,7 @@ bool cuda_backend_built() {
 
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
     check_kind(o.kind);
+    if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
     if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity);
 #ifdef QUEST_HAVE_CUDA
     return CudaLlama::from_folder(model, o.quest, o.capacity, cuda_options(o));
@@ -56,6 +72,11 @@ std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64
         // Same distributions as `quest make-model`, built in memory.
         const auto dir = std::filesystem::temp_directory_path() / ("quest_random_" + std::to_string(::getpid()));
         write_random_llama(dir, config, {seed, DType::F32});
+        if (o.weights == BackendOptions::WeightFormat::Int4) {
+            auto b = make_cpu_backend_int4(ModelFolder{dir, load_model_config(dir / "config.json")}, o);
+            std::filesystem::remove_all(dir);
+            return b;
+        }
         auto b = make_cpu_backend(ModelFolder{dir, load_model_config(dir / "config.json")}, o.quest, o.capacity);
         std::filesystem::remove_all(dir);
         return b;

@@ -15,6 +15,12 @@ struct BackendOptions {
     bool cuda_graph = true;      // cuda: replay the decode step as a CUDA graph
     size_t memory_limit = 0;     // cuda: bytes the memory plan may use (0: what the device has free)
     bool profile = false;        // cuda: time the decode step's kernel groups (eager launches)
+    // Linear layers: as stored (FP16, or the 4-bit layers of quest-int4 / AutoAWQ folders), FP16 (4-bit layers
+    // dequantized), or int4 with group int4_group (FP16 layers quantized on load, round-to-nearest; random weights
+    // drawn as int4 on the device). The CPU backend always computes in fp32 on the (de)quantized values.
+    enum class WeightFormat { Stored, Fp16, Int4 };
+    WeightFormat weights = WeightFormat::Stored;
+    int int4_group = 128;
 };
 
 bool cuda_backend_built();

@@ -5,10 +5,62 @@
 #include <random>
 #include <sstream>
 
+#include "kernels/quant.h"
 #include "model/error.h"
+#include "model/quantize.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
+
+namespace {
+
+// The row label of a folder's own format: fp16, int4-g<G> (quest-int4) or awq-g<G>.
+std::string stored_weights_label(const ModelFolder& folder) {
+    const QuantizationInfo q = read_quantization_info(folder.dir);
+    if (q.method == QuantizationInfo::Method::QuestInt4) return "int4-g" + std::to_string(q.group);
+    if (q.method == QuantizationInfo::Method::Awq) return "awq-g" + std::to_string(q.group);
+    return "fp16";
+}
+
+// Sets the backend's weight format for one --weights entry; returns the row label.
+std::string apply_weights(BackendOptions& o, const std::string& spec, const std::string& stored) {
+    if (spec.empty()) {
+        o.weights = BackendOptions::WeightFormat::Stored;
+        return stored;
+    }
+    if (spec == "fp16") {
+        o.weights = BackendOptions::WeightFormat::Fp16;
+        return spec;
+    }
+    o.weights = BackendOptions::WeightFormat::Int4;
+    o.int4_group = std::stoi(spec.substr(6));  // "int4-g<G>"
+    return stored == "fp16" ? spec : stored;  // 4-bit folders keep their own layers
+}
+
+}  // namespace
+
+std::vector<std::string> parse_weights_list(const std::string& s) {
+    std::vector<std::string> out;
+    if (s.empty()) return out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        int group = 0;
+        if (item == "fp16") {
+            out.push_back(item);
+            continue;
+        }
+        if (item == "int4") group = kInt4DefaultGroup;
+        else if (item.rfind("int4-g", 0) == 0 && item.size() > 6 && item.size() < 13 &&
+                 item.find_first_not_of("0123456789", 6) == std::string::npos)
+            group = std::stoi(item.substr(6));
+        if (!int4_group_valid(group))
+            throw InputError("--weights: expected fp16, int4 or int4-g<G> (G a power of two >= 32), got '" + item + "'");
+        out.push_back("int4-g" + std::to_string(group));
+    }
+    if (out.empty()) throw InputError("--weights: empty list");
+    return out;
+}
 
 std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress) {
     if (r.contexts.empty() || r.budgets.empty()) throw InputError("bench: --contexts and --budgets must not be empty");
@@ -31,11 +83,14 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
         text_ids = Tokenizer(folder.tokenizer_file()).encode(text, /*add_bos=*/false);
         if (text_ids.empty()) throw InputError(r.text_file + ": no tokens in the text (--text)");
     }
+    const std::string stored = r.random_weights ? "fp16" : stored_weights_label(folder);
+    const std::vector<std::string> weights = r.weights.empty() ? std::vector<std::string>{""} : r.weights;
     std::vector<BenchRow> rows;
     for (int ctx : r.contexts) {
         if (ctx < 1) throw InputError("bench: contexts must be >= 1");
-        for (int budget : r.budgets) {
+        for (int budget : r.budgets) for (const std::string& wspec : weights) {
             BackendOptions o = r.backend;
+            const std::string wlabel = apply_weights(o, wspec, stored);
             o.capacity = ctx + r.warmup + r.steps;
             if (budget == 0) {
                 o.quest.full_attention = true;
@@ -44,8 +99,8 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
                 o.quest.budget = budget;
             }
             o.quest.validate();
-            progress("context " + std::to_string(ctx) + ", " + (budget ? "budget " + std::to_string(budget) : "full") +
-                     ": building the model");
+            progress("context " + std::to_string(ctx) + ", " + (budget ? "budget " + std::to_string(budget) : "full") + ", " +
+                     wlabel + " weights: building the model");
             auto b = r.random_weights ? create_random_backend(config, r.seed, o) : create_backend(folder, o);
             std::mt19937 rng(static_cast<uint32_t>(r.seed));
             std::uniform_int_distribution<int> tok(3, config.vocab_size - 1);
@@ -66,6 +121,7 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
                 if (i == r.warmup + r.steps / 2) bytes = backend_decode_bytes(*b);
             }
             row.backend = b->name();
+            row.weights = wlabel;
             row.context = ctx;
             row.budget = budget;
             row.page_size = o.quest.page_size;
@@ -87,11 +143,11 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
 std::string bench_table(const std::vector<BenchRow>& rows) {
     std::ostringstream o;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%-7s %-7s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s\n", "backend", "weights",
+    std::snprintf(buf, sizeof buf, "%-7s %-9s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s\n", "backend", "weights",
                   "context", "budget", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "tok/s", "GB/step", "GB/s", "prefill_s");
     o << buf;
     for (const BenchRow& r : rows) {
-        std::snprintf(buf, sizeof buf, "%-7s %-7s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f\n",
+        std::snprintf(buf, sizeof buf, "%-7s %-9s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f\n",
                       r.backend.c_str(), r.weights.c_str(), r.context,
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.ms.p50, r.ms.p90, r.ms.p99, r.ms.mean,
                       r.tokens_per_s, r.bytes / 1e9, r.gbps, r.prefill_s);

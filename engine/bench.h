@@ -22,6 +22,9 @@ struct BenchRequest {
     int warmup = 8;
     uint64_t seed = 1;
     std::string text_file;  // prefill with this text's tokens (repeated to the context length) instead of random ids
+    // Linear-layer formats, one row each per context and budget (parse_weights_list): "fp16", "int4-g<G>";
+    // empty: as stored.
+    std::vector<std::string> weights;
 };
 
 struct BenchRow {
@@ -38,6 +41,9 @@ struct BenchRow {
 };
 
 std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress);
+// --weights: comma-separated fp16, int4 (group 128) or int4-g<G> (G a power of two >= 32), normalised to "fp16"
+// and "int4-g<G>"; "" gives an empty list (as stored). InputError otherwise.
+std::vector<std::string> parse_weights_list(const std::string& s);
 std::string bench_table(const std::vector<BenchRow>& rows);
 std::string bench_json(const std::vector<BenchRow>& rows);
 std::string bench_csv(const std::vector<BenchRow>& rows);

@@ -20,6 +20,7 @@
 #include "engine/chat.h"
 #include "engine/eval_cli.h"
 #include "engine/generate.h"
+#include "engine/quantize_cmd.h"
 #include "engine/quest_settings.h"
 #include "engine/sampler.h"
 #include "engine/timing.h"
@@ -226,6 +227,7 @@ struct BenchFlags {
     int steps = 64, warmup = 8;
     uint64_t seed = 1;
     std::string json, csv, plot, text;
+    std::string weights;  // --weights: fp16, int4, int4-g<G> (comma-separated; empty: as stored)
 };
 
 int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
@@ -239,6 +241,7 @@ int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
     r.warmup = bf.warmup;
     r.seed = bf.seed;
     r.text_file = bf.text;
+    r.weights = parse_weights_list(bf.weights);
     const auto rows = run_bench(r, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); });
     std::fputs(bench_table(rows).c_str(), stdout);
     if (!bf.json.empty()) write_file_atomic(bf.json, bench_json(rows));
@@ -409,6 +412,13 @@ int run_cli(int argc, char** argv) {
                     "cuda: time the decode step per kernel group (eager launches; printed per row)");
     bench->add_option("--plot", bf.plot, "draw latency vs context as PNG (python3 + matplotlib)");
     bench->add_option("--text", bf.text, "prefill with this text's tokens (repeated) instead of random ids");
+    bench->add_option("--weights", bf.weights,
+                      "comma-separated linear-layer formats, rows side by side: fp16, int4 (group 128), int4-g64, ... "
+                      "(FP16 checkpoints are quantized on load; --random-weights draws int4 on the device)");
+
+    // quantize
+    QuantizeFlags qf;
+    auto* qz = add_quantize_subcommand(app, qf);
 
     // chat
     ModelFlags chat_flags;
@@ -443,6 +453,7 @@ int run_cli(int argc, char** argv) {
             cf.seed_given = chat_seed->count() > 0;
             return cmd_chat(chat_flags, cf);
         }
+        if (qz->parsed()) return cmd_quantize(qf);
         if (mm->parsed()) return cmd_make_model(mm_config, mm_out, mm_tokenizer, mm_seed, mm_dtype);
     } catch (const InputError& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

@@ -10,8 +10,10 @@
 #include "kernels/attention_prefill.cuh"
 #include "kernels/elementwise.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/quant.h"
 #include "kernels/quest.cuh"
 #include "model/error.h"
+#include "model/quantize.h"
 #include "model/rope.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -24,11 +26,38 @@ constexpr size_t kAlign = 256;
 size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
 
-size_t weight_bytes(const ModelConfig& c) {
-    const size_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, q = c.q_dim(), kv = c.kv_dim();
-    size_t per_layer = align_up((q + 2 * kv) * H * 2) + align_up(H * q * 2) + align_up(2 * F * H * 2) +
-                       align_up(H * F * 2) + 2 * align_up(H * 4);
-    return c.num_layers * per_layer + align_up(V * H * 2) * (c.tie_word_embeddings ? 1 : 2) + align_up(H * 4);
+// Rows and columns of the fused linear matrices of a decoder layer: qkv, o, gate|up, down (LinearGroups order).
+std::array<std::array<size_t, 2>, 4> linear_shapes(const ModelConfig& c) {
+    const size_t H = c.hidden_size, F = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
+    return {{{q + 2 * kv, H}, {H, q}, {2 * F, H}, {H, F}}};
+}
+
+// Device bytes of one linear matrix: FP16 (group 0) or int4 codes + fp16 scales + uint8 zero points.
+size_t linear_bytes(size_t rows, size_t cols, int group) {
+    if (group <= 0) return align_up(rows * cols * 2);
+    const size_t groups = rows * (cols / group);
+    return align_up(rows * cols / 2) + align_up(groups * 2) + align_up(groups);
+}
+
+size_t weight_bytes(const ModelConfig& c, const LinearGroups& g) {
+    const size_t H = c.hidden_size, V = c.vocab_size;
+    const auto shapes = linear_shapes(c);
+    size_t total = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+        for (int k = 0; k < 4; ++k) total += linear_bytes(shapes[k][0], shapes[k][1], g[l][k]);
+        total += 2 * align_up(H * 4);
+    }
+    return total + align_up(V * H * 2) * (c.tie_word_embeddings ? 1 : 2) + align_up(H * 4);
+}
+
+// Elements of the largest int4 matrix (the prefill's FP16 dequantization scratch); 0 without int4.
+size_t largest_int4(const ModelConfig& c, const LinearGroups& g) {
+    const auto shapes = linear_shapes(c);
+    size_t n = 0;
+    for (const auto& layer : g)
+        for (int k = 0; k < 4; ++k)
+            if (layer[k] > 0) n = std::max(n, shapes[k][0] * shapes[k][1]);
+    return n;
 }
 
 }  // namespace
@@ -40,12 +69,25 @@ std::string MemoryPlan::describe() const {
     return buf;
 }
 
-MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o) {
+LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group) {
+    LinearGroups g(c.num_layers, {0, 0, 0, 0});
+    if (int4_group <= 0) return g;
+    const auto shapes = linear_shapes(c);
+    for (auto& layer : g)
+        for (int k = 0; k < 4; ++k)
+            if (int4_quantizable(static_cast<int>(shapes[k][1]), int4_group)) layer[k] = int4_group;
+    return g;
+}
+
+MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
+                       const LinearGroups* groups) {
     MemoryPlan p;
     const size_t L = c.num_layers, kv = c.kv_dim(), D = c.head_dim;
     const size_t pages = (capacity + q.page_size - 1) / q.page_size;
     const size_t tokens = pages * q.page_size;
-    p.weights = weight_bytes(c);
+    const LinearGroups uniform = groups ? LinearGroups{} : uniform_linear_groups(c, o.int4_group);
+    const LinearGroups& g = groups ? *groups : uniform;
+    p.weights = weight_bytes(c, g);
     p.kv_cache = L * 2 * kv * 2 * tokens;
     p.metadata = L * 2 * c.num_kv_heads * pages * D * 2;
     const size_t C = std::max(1, std::min(o.prefill_chunk, capacity));
@@ -60,12 +102,14 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
                                                                      q.page_size, static_cast<int>(pages),
                                                                      q.page_budget(), q.gqa_policy)
                                                    .bytes();
-    p.workspace = act + split_ws + quest_ws + V * 4 + (64 << 20) /* cuBLAS and slack */;
+    p.workspace = act + split_ws + quest_ws + V * 4 + largest_int4(c, g) * 2 /* prefill dequantization */ +
+                  (64 << 20) /* cuBLAS and slack */;
     return p;
 }
 
-CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o)
-    : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0) {
+CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
+                     LinearGroups groups)
+    : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), groups_(std::move(groups)) {
     quest_.validate();
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
@@ -79,7 +123,7 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
     if (group != 1 && group != 2 && group != 4 && group != 8)
         throw InputError("the CUDA backend supports GQA group sizes 1, 2, 4 and 8, got " + std::to_string(group));
 
-    plan_ = plan_memory(c_, quest_, capacity_, opts_);
+    plan_ = plan_memory(c_, quest_, capacity_, opts_, &groups_);
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t limit = opts_.memory_limit ? opts_.memory_limit : free_b - std::min<size_t>(free_b, 512ull << 20);
@@ -122,23 +166,39 @@ void CudaLlama::allocate() {
     const size_t H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kv = c_.kv_dim();
     const size_t L = c_.num_layers, D = c_.head_dim;
     // Weights: one arena, carved in file order.
-    weight_arena_ = DeviceBuffer<char>(weight_bytes(c_));
+    weight_arena_ = DeviceBuffer<char>(weight_bytes(c_, groups_));
     char* p = weight_arena_.get();
     auto take = [&](size_t bytes) {
         char* r = p;
         p += align_up(bytes);
         return r;
     };
+    // A linear matrix: FP16, or (group > 0) int4 codes, scales and zero points (the FP16 pointer stays null).
+    auto take_linear = [&](__half*& w16, Int4View& w4, size_t rows, size_t cols, int group) {
+        if (group <= 0) {
+            w16 = reinterpret_cast<__half*>(take(rows * cols * 2));
+            return;
+        }
+        const size_t groups = rows * (cols / group);
+        w4.qweight = reinterpret_cast<const uint32_t*>(take(rows * cols / 2));
+        w4.scales = reinterpret_cast<const __half*>(take(groups * 2));
+        w4.zeros = reinterpret_cast<const uint8_t*>(take(groups));
+        w4.rows = static_cast<int>(rows);
+        w4.cols = static_cast<int>(cols);
+        w4.group = group;
+    };
     embed_ = reinterpret_cast<__half*>(take(V * H * 2));
     layers_.resize(L);
-    for (Layer& l : layers_) {
-        l.wqkv = reinterpret_cast<__half*>(take((qd + 2 * kv) * H * 2));
-        l.wo = reinterpret_cast<__half*>(take(H * qd * 2));
-        l.wgu = reinterpret_cast<__half*>(take(2 * F * H * 2));
-        l.wdown = reinterpret_cast<__half*>(take(H * F * 2));
+    for (size_t i = 0; i < L; ++i) {
+        Layer& l = layers_[i];
+        take_linear(l.wqkv, l.qkv4, qd + 2 * kv, H, groups_[i][0]);
+        take_linear(l.wo, l.o4, H, qd, groups_[i][1]);
+        take_linear(l.wgu, l.gu4, 2 * F, H, groups_[i][2]);
+        take_linear(l.wdown, l.down4, H, F, groups_[i][3]);
         l.attn_norm = reinterpret_cast<float*>(take(H * 4));
         l.mlp_norm = reinterpret_cast<float*>(take(H * 4));
     }
+    if (const size_t n = largest_int4(c_, groups_)) dequant_scratch_ = DeviceBuffer<__half>(n);
     final_norm_ = reinterpret_cast<float*>(take(H * 4));
     lm_head_ = c_.tie_word_embeddings ? embed_ : reinterpret_cast<__half*>(take(V * H * 2));
 
@@ -228,16 +288,57 @@ void CudaLlama::reset() {
 // Weights
 // ------------------------------------------------------------------------------------------------------------------
 
+namespace {
+
+// Which of llama_linear_specs' 7 matrices make up each fused device matrix (qkv, o, gate|up, down), in row order.
+const std::vector<int> kFusedParts[4] = {{0, 1, 2}, {3}, {4, 5}, {6}};
+
+// Storage of a folder's fused matrices on the device (CudaOptions::int4_group): 4-bit layers stay as stored (when
+// every part is 4-bit with one group the layout holds), FP16 layers become int4 when asked and the group divides
+// their input dimension; everything else (mixed parts, -1) is FP16.
+LinearGroups folder_linear_groups(const ModelConfig& c, const LinearReader& reader, int int4_group) {
+    LinearGroups g(c.num_layers, {0, 0, 0, 0});
+    if (int4_group < 0) return g;
+    for (int l = 0; l < c.num_layers; ++l) {
+        const auto specs = llama_linear_specs(c, l);
+        for (int k = 0; k < 4; ++k) {
+            int stored = -1;  // the common group of the 4-bit parts; 0 once a part is not 4-bit (or differs)
+            bool all_float = true;
+            for (int i : kFusedParts[k]) {
+                const LinearSpec& s = specs[i];
+                const LinearInfo li = reader.inspect(s.prefix, s.rows, s.cols);
+                all_float = all_float && !li.int4();
+                const bool usable = li.int4() && int4_quantizable(static_cast<int>(s.cols), li.group) &&
+                                    (li.storage == LinearInfo::Storage::Int4 || s.rows % 8 == 0);
+                stored = !usable ? 0 : stored == -1 || stored == li.group ? li.group : 0;
+            }
+            const int cols = static_cast<int>(specs[kFusedParts[k][0]].cols);
+            if (stored > 0) g[l][k] = stored;
+            else if (all_float && int4_group > 0 && int4_quantizable(cols, int4_group)) g[l][k] = int4_group;
+        }
+    }
+    return g;
+}
+
+}  // namespace
+
 std::unique_ptr<CudaLlama> CudaLlama::from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts) {
-    std::unique_ptr<CudaLlama> m(new CudaLlama(model.config, quest, capacity, opts));
+    LinearGroups groups;
+    {
+        const ModelFiles files(model.dir);
+        const LinearReader reader(files, read_quantization_info(model.dir));
+        groups = folder_linear_groups(model.config, reader, opts.int4_group);
+    }
+    std::unique_ptr<CudaLlama> m(new CudaLlama(model.config, quest, capacity, opts, std::move(groups)));
     m->load_weights(model);
     return m;
 }
 
 std::unique_ptr<CudaLlama> CudaLlama::random(const ModelConfig& config, const QuestSettings& quest, int capacity,
                                              uint64_t seed, const CudaOptions& opts) {
-    std::unique_ptr<CudaLlama> m(new CudaLlama(config, quest, capacity, opts));
+    std::unique_ptr<CudaLlama> m(
+        new CudaLlama(config, quest, capacity, opts, uniform_linear_groups(config, opts.int4_group)));
     m->randomize_weights(seed);
     return m;
 }
@@ -245,13 +346,12 @@ std::unique_ptr<CudaLlama> CudaLlama::random(const ModelConfig& config, const Qu
 void CudaLlama::load_weights(const ModelFolder& model) {
     using N = LlamaTensorNames;
     const ModelFiles files(model.dir);
-    const int64_t H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kv = c_.kv_dim();
+    const LinearReader reader(files, read_quantization_info(model.dir));
+    const int64_t H = c_.hidden_size, V = c_.vocab_size;
     // Staging buffer for raw file bytes (the largest tensor), and an overflow counter.
     size_t largest = 0;
-    for (const TensorSpec& s : llama_tensor_specs(c_)) {
-        const TensorRef t = files.get(s.name, s.shape);
-        largest = std::max<size_t>(largest, t.info->nbytes());
-    }
+    for (const TensorSpec& s : llama_tensor_specs(c_))
+        if (const auto t = files.find(s.name)) largest = std::max<size_t>(largest, t->info->nbytes());
     DeviceBuffer<char> staging(largest);
     DeviceBuffer<unsigned long long> overflow(1);
     size_t clamped_total = 0;
@@ -282,23 +382,64 @@ void CudaLlama::load_weights(const ModelFolder& model) {
             clamped_total += clamped;
         }
     };
+    // Fused matrix k of layer l, part by part (rows appended): int4 from 4-bit storage or quantized on the host
+    // (round-to-nearest, kernels/quant.h), FP16 from a float tensor or dequantized from 4-bit storage.
+    int int4_count = 0, quantized_on_load = 0;
+    auto upload_linear = [&](int l, int k, __half* w16, const Int4View& w4) {
+        const auto specs = llama_linear_specs(c_, l);
+        int64_t row0 = 0;
+        for (int i : kFusedParts[k]) {
+            const LinearSpec& s = specs[i];
+            const LinearInfo li = reader.inspect(s.prefix, s.rows, s.cols);
+            if (w4.valid()) {
+                Int4Matrix m;
+                if (li.int4()) {
+                    m = reader.load_int4(s.prefix, s.rows, s.cols);
+                } else {
+                    const std::vector<float> w = reader.load_f32(s.prefix, s.rows, s.cols);
+                    m = quantize_int4(w.data(), static_cast<int>(s.rows), static_cast<int>(s.cols), w4.group);
+                    ++quantized_on_load;
+                }
+                if (m.group != w4.group)
+                    throw InputError("tensor '" + s.prefix + "': group size " + std::to_string(m.group) +
+                                     " differs from the other parts of its fused matrix (" +
+                                     std::to_string(w4.group) + ")");
+                const size_t groups = static_cast<size_t>(s.cols / w4.group);
+                CUDA_CHECK(cudaMemcpy(const_cast<uint32_t*>(w4.qweight) + row0 * (s.cols / 8), m.qweight.data(),
+                                      m.qweight.size() * 4, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(const_cast<__half*>(w4.scales) + row0 * groups, m.scales.data(),
+                                      m.scales.size() * 2, cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpy(const_cast<uint8_t*>(w4.zeros) + row0 * groups, m.zeros.data(), m.zeros.size(),
+                                      cudaMemcpyHostToDevice));
+                ++int4_count;
+            } else if (li.int4()) {
+                const std::vector<float> w = reader.load_f32(s.prefix, s.rows, s.cols);
+                std::vector<uint16_t> h(w.size());
+                for (size_t j = 0; j < w.size(); ++j) h[j] = float_to_half(std::clamp(w[j], -65504.0f, 65504.0f));
+                CUDA_CHECK(cudaMemcpy(w16 + row0 * s.cols, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+            } else {
+                upload(s.prefix + ".weight", {s.rows, s.cols}, w16 + row0 * s.cols, nullptr);
+            }
+            row0 += s.rows;
+        }
+    };
     upload(N::embed(), {V, H}, embed_, nullptr);
     for (int l = 0; l < c_.num_layers; ++l) {
         Layer& L = layers_[l];
         upload(N::layer(l, "input_layernorm.weight"), {H}, nullptr, L.attn_norm);
-        upload(N::layer(l, "self_attn.q_proj.weight"), {qd, H}, L.wqkv, nullptr);
-        upload(N::layer(l, "self_attn.k_proj.weight"), {kv, H}, L.wqkv + qd * H, nullptr);
-        upload(N::layer(l, "self_attn.v_proj.weight"), {kv, H}, L.wqkv + (qd + kv) * H, nullptr);
-        upload(N::layer(l, "self_attn.o_proj.weight"), {H, qd}, L.wo, nullptr);
+        upload_linear(l, 0, L.wqkv, L.qkv4);
+        upload_linear(l, 1, L.wo, L.o4);
         upload(N::layer(l, "post_attention_layernorm.weight"), {H}, nullptr, L.mlp_norm);
-        upload(N::layer(l, "mlp.gate_proj.weight"), {F, H}, L.wgu, nullptr);
-        upload(N::layer(l, "mlp.up_proj.weight"), {F, H}, L.wgu + F * H, nullptr);
-        upload(N::layer(l, "mlp.down_proj.weight"), {H, F}, L.wdown, nullptr);
+        upload_linear(l, 2, L.wgu, L.gu4);
+        upload_linear(l, 3, L.wdown, L.down4);
     }
     upload(N::final_norm(), {H}, nullptr, final_norm_);
     if (!c_.tie_word_embeddings) upload(N::lm_head(), {V, H}, lm_head_, nullptr);
     if (clamped_total)
         spdlog::warn("{} weight values were outside the FP16 range and were clamped (BF16/F32 checkpoint)", clamped_total);
+    if (int4_count)
+        spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest)", int4_count,
+                     7 * c_.num_layers, quantized_on_load);
 }
 
 void CudaLlama::randomize_weights(uint64_t seed) {
@@ -307,13 +448,20 @@ void CudaLlama::randomize_weights(uint64_t seed) {
     auto fill = [&](__half* p, size_t n, size_t fan_in) {
         fill_random_half(p, n, ++s, 1.0f / std::sqrt(static_cast<float>(fan_in)), 0.0f, stream_);
     };
+    // A linear matrix [rows][fan_in]: FP16 uniform in +-1/sqrt(fan_in), or int4 values within about that range.
+    auto fill_linear = [&](__half* w16, const Int4View& w4, size_t rows, size_t fan_in) {
+        if (!w4.valid()) return fill(w16, rows * fan_in, fan_in);
+        fill_random_int4(const_cast<uint32_t*>(w4.qweight), const_cast<__half*>(w4.scales),
+                         const_cast<uint8_t*>(w4.zeros), w4.rows, w4.cols, w4.group, ++s,
+                         1.0f / std::sqrt(static_cast<float>(fan_in)), stream_);
+    };
     auto fill_norm = [&](float* p) { fill_random_float(p, H, ++s, 0.1f, 1.0f, stream_); };
     fill_random_half(embed_, V * H, ++s, 1.0f, 0.0f, stream_);
     for (Layer& l : layers_) {
-        fill(l.wqkv, (qd + 2 * kv) * H, H);
-        fill(l.wo, H * qd, qd);
-        fill(l.wgu, 2 * F * H, H);
-        fill(l.wdown, H * F, F);
+        fill_linear(l.wqkv, l.qkv4, qd + 2 * kv, H);
+        fill_linear(l.wo, l.o4, H, qd);
+        fill_linear(l.wgu, l.gu4, 2 * F, H);
+        fill_linear(l.wdown, l.down4, H, F);
         fill_norm(l.attn_norm);
         fill_norm(l.mlp_norm);
     }
@@ -325,6 +473,20 @@ void CudaLlama::randomize_weights(uint64_t seed) {
 // ------------------------------------------------------------------------------------------------------------------
 // Prefill
 // ------------------------------------------------------------------------------------------------------------------
+
+void CudaLlama::linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows,
+                            int cols) {
+    if (w4.valid()) {  // dequantize into the scratch (stream-ordered: the previous GEMM is done with it), then FP16
+        dequantize_int4_to_half(dequant_scratch_.get(), w4, stream_);
+        w16 = dequant_scratch_.get();
+    }
+    gemm_cublas(cublas_, Y, w16, X, T, rows, cols, stream_);
+}
+
+void CudaLlama::linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols) {
+    if (w4.valid()) gemv_int4(y, w4, x, stream_);
+    else gemv(y, w16, x, rows, cols, stream_);
+}
 
 std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
     const int n = static_cast<int>(tokens.size());
@@ -357,15 +519,15 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             const Layer& L = layers_[l];
             const KvLayerView kv = kv_view(l);
             rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, T, H, eps, stream_);
-            gemm_cublas(cublas_, qkv_.get(), L.wqkv, xn_.get(), T, qd + 2 * kvd, H, stream_);
+            linear_gemm(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), T, qd + 2 * kvd, H);
             rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), T, c_.num_heads, rope, stream_);
             page_metadata_rebuild(kv, pos0 / quest_.page_size, (pos0 + T - 1) / quest_.page_size, pos0 + T, stream_);
             attention_prefill(att_.get(), q_.get(), kv, T, pos0, c_.num_heads, scale, stream_);
-            gemm_cublas(cublas_, proj_.get(), L.wo, att_.get(), T, H, qd, stream_);
+            linear_gemm(proj_.get(), L.wo, L.o4, att_.get(), T, H, qd);
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, T, H, eps, stream_);
-            gemm_cublas(cublas_, gu_.get(), L.wgu, xn_.get(), T, 2 * F, H, stream_);
+            linear_gemm(gu_.get(), L.wgu, L.gu4, xn_.get(), T, 2 * F, H);
             swiglu(act_.get(), gu_.get(), T, F, stream_);
-            gemm_cublas(cublas_, proj_.get(), L.wdown, act_.get(), T, H, F, stream_);
+            linear_gemm(proj_.get(), L.wdown, L.down4, act_.get(), T, H, F);
         }
         rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, T, H, eps, stream_);
         if (all_logits) {
@@ -415,7 +577,7 @@ void CudaLlama::enqueue_decode_step() {
         const KvLayerView kv = kv_view(l);
         rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
         mark("rms_norm");
-        gemv(qkv_.get(), L.wqkv, xn_.get(), qd + 2 * kvd, H, stream_);
+        linear_gemv(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), qd + 2 * kvd, H);
         mark("gemv qkv");
         rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
         mark("rope + kv append");
@@ -428,15 +590,15 @@ void CudaLlama::enqueue_decode_step() {
                              stream_);
             mark("attention full");
         }
-        gemv(proj_.get(), L.wo, att_.get(), H, qd, stream_);
+        linear_gemv(proj_.get(), L.wo, L.o4, att_.get(), H, qd);
         mark("gemv o");
         rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
         mark("rms_norm");
-        gemv(gu_.get(), L.wgu, xn_.get(), 2 * F, H, stream_);
+        linear_gemv(gu_.get(), L.wgu, L.gu4, xn_.get(), 2 * F, H);
         mark("gemv gate+up");
         swiglu(act_.get(), gu_.get(), 1, F, stream_);
         mark("swiglu");
-        gemv(proj_.get(), L.wdown, act_.get(), H, F, stream_);
+        linear_gemv(proj_.get(), L.wdown, L.down4, act_.get(), H, F);
         mark("gemv down");
     }
     rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
@@ -518,7 +680,7 @@ size_t CudaLlama::decode_bytes() const {
             kv += meta + sets * static_cast<size_t>(quest_.budget) * kv_token;
         }
     }
-    return weight_bytes(c_) + kv;
+    return weight_bytes(c_, groups_) + kv;
 }
 
 }  // namespace quest

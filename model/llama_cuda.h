@@ -4,6 +4,7 @@
 // and replayed (the position lives on the device; the only host synchronisation per step is reading the logits).
 #include <cublas_v2.h>
 
+#include <array>
 #include <map>
 #include <memory>
 #include <string>
@@ -12,6 +13,7 @@
 #include "engine/backend.h"
 #include "kernels/attention_decode.cuh"
 #include "kernels/device_buffer.h"
+#include "kernels/gemv_int4.cuh"
 #include "kernels/quest.cuh"
 #include "kernels/rope.cuh"
 #include "model/config.h"
@@ -24,7 +26,18 @@ struct CudaOptions {
     bool use_graph = true;      // capture the decode step in a CUDA graph (false: launch kernel by kernel)
     size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
     bool profile = false;       // time kernel groups with events (eager launches, no graph): profile_report()
+    // Linear layers: 0 keeps the checkpoint's storage (the 4-bit layers of quest-int4 / AutoAWQ folders stay int4,
+    // fused dequantize + GEMV in the decode step); G > 0 stores every layer whose input dimension G divides in int4
+    // with group G (FP16 checkpoints are quantized on load, round-to-nearest; random weights are drawn as int4);
+    // -1 stores every layer in FP16 (4-bit layers dequantized).
+    int int4_group = 0;
 };
+
+// Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,
+// else the int4 group size (kernels/gemv_int4.cuh).
+using LinearGroups = std::vector<std::array<int, 4>>;
+// Every layer FP16 (int4_group <= 0), or int4 where the group divides the input dimension.
+LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group);
 
 // Device memory the backend needs, computed before anything is allocated.
 struct MemoryPlan {
@@ -35,15 +48,19 @@ struct MemoryPlan {
     size_t total() const { return weights + kv_cache + metadata + workspace; }
     std::string describe() const;
 };
-MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o);
+// groups: the linear layers' storage (null: uniform_linear_groups(c, o.int4_group)).
+MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
+                       const LinearGroups* groups = nullptr);
 
 class CudaLlama final : public Backend {
 public:
     // Weights from a model folder (F32, F16 or BF16 in the files; FP16 on the device; values beyond the FP16 range
-    // are clamped to +-65504 and reported, never turned into inf).
+    // are clamped to +-65504 and reported, never turned into inf). Linear layers stored in 4 bits (quest-int4 or
+    // AutoAWQ GEMM, model/quantize.h) stay int4 on the device; see CudaOptions::int4_group.
     static std::unique_ptr<CudaLlama> from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts = {});
-    // Random FP16 weights generated on the device (benchmarks of large shapes without a checkpoint).
+    // Random FP16 (or, with opts.int4_group > 0, int4) weights generated on the device (benchmarks of large shapes
+    // without a checkpoint).
     static std::unique_ptr<CudaLlama> random(const ModelConfig& config, const QuestSettings& quest, int capacity,
                                              uint64_t seed, const CudaOptions& opts = {});
     ~CudaLlama() override;
@@ -65,7 +82,7 @@ public:
     size_t decode_bytes() const;
 
 private:
-    CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o);
+    CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearGroups groups);
     void allocate();
     void load_weights(const ModelFolder& model);
     void randomize_weights(uint64_t seed);
@@ -80,7 +97,13 @@ private:
         __half* wdown = nullptr;  // [hidden][intermediate]
         float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
         float* mlp_norm = nullptr;   // [hidden]
+        // The same matrices in int4 (the FP16 pointer above is null then): qkv4 [q_dim + 2 kv_dim][hidden],
+        // o4 [hidden][q_dim], gu4 [2 intermediate][hidden], down4 [hidden][intermediate].
+        Int4View qkv4, o4, gu4, down4;
     };
+    // y = W x (decode) and Y = X W^T (prefill; int4 weights are dequantized into dequant_scratch_ first).
+    void linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols);
+    void linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows, int cols);
 
     ModelConfig c_;
     QuestSettings quest_;
@@ -107,6 +130,8 @@ private:
     // Device memory.
     DeviceBuffer<char> weight_arena_;
     std::vector<Layer> layers_;
+    LinearGroups groups_;                  // storage of each layer's linear matrices (0: FP16, else int4 group)
+    DeviceBuffer<__half> dequant_scratch_;  // [largest int4 matrix] FP16, for the prefill GEMMs
     __half* embed_ = nullptr;     // [vocab][hidden]
     __half* lm_head_ = nullptr;   // [vocab][hidden] (== embed_ when tied)
     float* final_norm_ = nullptr;

@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <sys/wait.h>
 
 #include "engine/backend.h"
 #include "kernels/basic_ops.h"
@@ -181,6 +182,32 @@ TEST(Int4Layout, WordHoldsEvenColumnsLowOddColumnsHigh) {
         for (int j = 0; j < 8; ++j) EXPECT_EQ(int4_word_code(w, j), c[j]);
         // What the GPU kernel relies on: (w >> 4i) & 0x000F000F is the column pair (2i, 2i + 1), low half first.
         for (int i = 0; i < 4; ++i) EXPECT_EQ((w >> (4 * i)) & 0x000F000Fu, uint32_t(c[2 * i]) | uint32_t(c[2 * i + 1]) << 16);
+    }
+}
+
+// The GPU kernel's dequantization (kernels/gemv_int4.cu, word_to_pairs), emulated with IEEE fp16 on the host: the
+// magic-number constants give (q - z) exactly for every code and zero point.
+TEST(Int4Layout, MagicNumberDequantizationIsExact) {
+    auto lo = [](uint32_t h) { return half_to_float(uint16_t(h & 0xFFFFu)); };
+    auto hi = [](uint32_t h) { return half_to_float(uint16_t(h >> 16)); };
+    EXPECT_EQ(half_to_float(0x2C00u), 0.0625f);
+    for (uint32_t z = 0; z < 16; ++z) {
+        const float zlo = half_to_float(uint16_t(0x6400u | z)), zhi = half_to_float(uint16_t(0xD400u | (z << 4)));
+        ASSERT_EQ(zlo, 1024.0f + z);
+        ASSERT_EQ(zhi, -(64.0f + z));
+        std::mt19937 rng(z);
+        for (int trial = 0; trial < 200; ++trial) {
+            uint8_t q[8];
+            for (uint8_t& v : q) v = rng() & 15;
+            uint32_t w = int4_pack_word(q);
+            const uint32_t lo0 = (w & 0x000F000Fu) | 0x64006400u, hi0 = (w & 0x00F000F0u) | 0x64006400u;
+            w >>= 8;
+            const uint32_t lo1 = (w & 0x000F000Fu) | 0x64006400u, hi1 = (w & 0x00F000F0u) | 0x64006400u;
+            // __hsub2(lo, zlo) and __hfma2(hi, 1/16, zhi): every intermediate is exact in fp16 and fp32.
+            const float got[8] = {lo(lo0) - zlo, hi(lo0) - zlo, lo(hi0) * 0.0625f + zhi, hi(hi0) * 0.0625f + zhi,
+                                  lo(lo1) - zlo, hi(lo1) - zlo, lo(hi1) * 0.0625f + zhi, hi(hi1) * 0.0625f + zhi};
+            for (int j = 0; j < 8; ++j) ASSERT_EQ(got[j], float(int(q[j]) - int(z))) << "column " << j;
+        }
     }
 }
 
@@ -614,4 +641,101 @@ TEST(Int4Quality, AwqScalingPreservesTheFullPrecisionFunction) {
         den += double(a[i]) * a[i];
     }
     EXPECT_LE(std::sqrt(num / den), 1e-5);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The quest binary
+// ---------------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+struct RunResult {
+    int exit_code;
+    std::string out, err;
+};
+
+RunResult run_quest(const std::string& args) {
+    const auto dir = test::temp_dir("quant_cli_run");
+    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >" + (dir / "out").string() + " 2>" +
+                            (dir / "err").string();
+    const int status = std::system(cmd.c_str());
+    auto slurp = [](const std::filesystem::path& p) {
+        std::ifstream in(p);
+        return std::string(std::istreambuf_iterator<char>(in), {});
+    };
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
+}
+
+}  // namespace
+
+TEST(QuantizeCli, QuantizeThenGenerateChatAndBench) {
+    const auto in = small_model("qcli_in", 80, DType::F16);
+    const auto out = test::temp_dir("qcli_out");
+    RunResult r = run_quest("quantize -m '" + in.string() + "' -o '" + out.string() + "' --group 32");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("quantized 12 of 14 linear layers to int4 (group 32, round-to-nearest)"));
+    EXPECT_THAT(r.err, HasSubstr("kept in FP16: model.layers.0.mlp.down_proj: input dimension 80"));
+    EXPECT_THAT(r.err, HasSubstr("weight error"));
+
+    r = run_quest("generate -m '" + out.string() + "' -p 'Once upon a time' -n 12 --temp 0");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("decode: 12 tokens generated"));
+    EXPECT_FALSE(r.out.empty());
+
+    const auto chat_in = test::temp_dir("qcli_chat") / "in.txt";
+    std::ofstream(chat_in) << "hello there\n/stats\n";
+    r = run_quest("chat -m '" + out.string() + "' -n 5 --temp 0 < '" + chat_in.string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("last answer: prefill"));
+
+    // The 4-bit folder as stored (int4-g32) and dequantized (fp16), side by side; the FP16 source quantized on load.
+    r = run_quest("bench -m '" + out.string() + "' --backend cpu --contexts 24 --budgets full,16 --page-size 8 "
+                  "--steps 2 --warmup 1 --weights fp16,int4");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("int4-g32"));
+    EXPECT_THAT(r.out, HasSubstr("fp16"));
+    r = run_quest("bench -m '" + in.string() + "' --backend cpu --contexts 24 --budgets full --steps 2 --warmup 1 "
+                  "--weights fp16,int4-g32");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("int4-g32"));
+    r = run_quest("bench -m '" + in.string() + "' --backend cpu --contexts 24 --budgets full --weights int3");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("--weights"));
+
+    // Generation on the 4-bit folder equals the fp32 CPU backend on the fake-quantized source weights.
+    auto src = load_weights(in);
+    auto fake = std::make_shared<LlamaWeightsF32>(*src);
+    fake_quantize_llama_weights(*fake, 32);
+    for (auto* v : {&fake->embed, &fake->lm_head})
+        for (float& x : *v) x = half_to_float(float_to_half(x));
+    for (auto& L : fake->layers)
+        for (float& x : L.w_down) x = half_to_float(float_to_half(x));
+    const std::vector<int> prompt = {1, 50, 60, 70};
+    QuestSettings q;
+    q.full_attention = true;
+    CpuLlama a(fake, q, 8), b(load_weights(out), q, 8);
+    const auto la = a.prefill(prompt);
+    const std::vector<float> va(la.begin(), la.end());
+    const auto lb = b.prefill(prompt);
+    EXPECT_EQ(va, std::vector<float>(lb.begin(), lb.end()));
+}
+
+TEST(QuantizeCli, BadGroupAndCalibration) {
+    const auto in = small_model("qcli_bad", 96);
+    const auto out = test::temp_dir("qcli_bad_out");
+    RunResult r = run_quest("quantize -m '" + in.string() + "' -o '" + out.string() + "' --group 48");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("power of two"));
+    r = run_quest("quantize -m /nonexistent -o '" + out.string() + "'");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("/nonexistent"));
+    const auto calib = test::temp_dir("qcli_calib") / "calib.txt";
+    std::ofstream(calib) << kCalibText;
+    r = run_quest("quantize -m '" + in.string() + "' -o '" + out.string() + "' --group 32 --awq-calib '" +
+                  calib.string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("activation-aware scaling"));
+    EXPECT_THAT(r.err, HasSubstr("calibration tokens"));
+    r = run_quest("generate -m '" + out.string() + "' -p hi -n 4 --temp 0");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
 }

@@ -16,6 +16,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/elementwise.cuh"
 #include "kernels/gemv.cuh"
+#include "kernels/gemv_int4.cuh"
 #include "kernels/quest.cuh"
 
 using namespace quest;
@@ -92,6 +93,43 @@ void bench_gemv() {
     cublasDestroy(h);
 }
 
+// The int4 GEMV (group 128) at the 7B shapes: bytes = packed codes + fp16 scales + uint8 zero points + x + y.
+// Also the prefill's dequantize-to-FP16 (bytes read + written).
+void bench_gemv_int4() {
+    struct Shape { const char* name; int rows, cols; };
+    const int group = 128;
+    for (Shape s : {Shape{"qkv 12288x4096", 12288, 4096}, Shape{"o 4096x4096", 4096, 4096},
+                    Shape{"gate|up 22016x4096", 22016, 4096}, Shape{"down 4096x11008", 4096, 11008}}) {
+        const size_t words = size_t(s.rows) * s.cols / 8, groups = size_t(s.rows) * s.cols / group;
+        const double packed = words * 4.0 + groups * 3.0;
+        const int copies = std::max<int>(2, int(std::ceil(240e6 / packed)));
+        DeviceBuffer<uint32_t> q(words * copies);
+        DeviceBuffer<__half> sc(groups * copies), x(size_t(s.cols) * copies), out(size_t(s.rows) * s.cols);
+        DeviceBuffer<uint8_t> z(groups * copies);
+        DeviceBuffer<float> y(size_t(s.rows) * copies);
+        fill_random_int4(q.get(), sc.get(), z.get(), s.rows * copies, s.cols, group, 7, 0.02f, nullptr);
+        fill_random_half(x.get(), x.size(), 8, 1.0f, 0.0f, nullptr);
+        auto view = [&](int c) {
+            return Int4View{q.get() + words * c, sc.get() + groups * c, z.get() + groups * c, s.rows, s.cols, group};
+        };
+        const double bytes = packed + s.cols * 2.0 + s.rows * 4.0;
+        const double t = time_ms([&](int i) {
+            const int c = i % copies;
+            gemv_int4(y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
+        });
+        report(std::string("gemv int4 g128 ") + s.name, t, bytes);
+        for (int v = 1; v < gemv_int4_variant_count(); ++v) {
+            const double tv = time_ms([&](int i) {
+                const int c = i % copies;
+                gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
+            });
+            report(std::string("  int4 variant ") + gemv_int4_variant_name(v) + " " + s.name, tv, bytes);
+        }
+        const double td = time_ms([&](int i) { dequantize_int4_to_half(out.get(), view(i % copies), nullptr); });
+        report(std::string("dequant int4->fp16 ") + s.name, td, packed + size_t(s.rows) * s.cols * 2.0);
+    }
+}
+
 void bench_attention() {
     const int NH = 32, NKV = 32, D = 128, S = 16;
     for (int L : {4096, 32768, 131072}) {
@@ -164,6 +202,7 @@ int main(int argc, char** argv) {
     auto want = [&](const char* w) { return what.empty() || std::find(what.begin(), what.end(), w) != what.end(); };
     try {
         if (want("gemv")) bench_gemv();
+        if (want("gemv4")) bench_gemv_int4();
         if (want("attention")) bench_attention();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

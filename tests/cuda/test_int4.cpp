@@ -1,0 +1,422 @@
+// 4-bit weights on the GPU: the fused dequantize + GEMV (every variant) against the CPU reference at Llama-2-7B and
+// odd shapes, the dequantize-to-FP16 kernel bit for bit, the GEMV inside a captured graph behind a programmatic
+// dependent launch, and the CUDA backend on int4 weights against the CPU backend on the same quantized weights.
+//
+// Tolerances: the GEMV multiplies (q - z) by x in fp16 and sums 8 products in fp16 before the fp32 accumulation
+// (kernels/gemv_int4.cuh), so against the fp32 reference on the same codes it is within 3e-3 relative L2 (fp16
+// rounding ~5e-4 per product). The whole model: 2e-2 relative L2 on the logits, as the FP16 backend.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+
+#include "../test_util.h"
+#include "cuda_test_util.h"
+#include "engine/backend.h"
+#include "engine/generate.h"
+#include "engine/sampler.h"
+#include "kernels/basic_ops.h"
+#include "kernels/elementwise.cuh"
+#include "kernels/gemv_int4.cuh"
+#include "kernels/quant.h"
+#include "model/llama_cuda.h"
+#include "model/quantize.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace quest;
+using namespace quest::test;
+
+namespace {
+
+constexpr double kGemvTol = 3e-3;
+constexpr double kLogitTol = 2e-2;
+
+// An Int4Matrix on the device.
+struct DeviceInt4 {
+    DeviceBuffer<uint32_t> qweight;
+    DeviceBuffer<__half> scales;
+    DeviceBuffer<uint8_t> zeros;
+    Int4View view;
+    explicit DeviceInt4(const Int4Matrix& m)
+        : qweight(m.qweight.size()), scales(m.scales.size()), zeros(m.zeros.size()) {
+        qweight.upload(m.qweight);
+        CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size() * 2, cudaMemcpyHostToDevice));
+        zeros.upload(m.zeros);
+        view = {qweight.get(), scales.get(), zeros.get(), m.rows, m.cols, m.group};
+    }
+};
+
+template <typename T>
+DeviceBuffer<T> upload(const std::vector<T>& v) {
+    DeviceBuffer<T> d(v.size());
+    d.upload(v);
+    return d;
+}
+
+int top1(std::span<const float> l) { return int(std::max_element(l.begin(), l.end()) - l.begin()); }
+
+std::vector<float> slice(const std::vector<float>& v, size_t i, size_t n) {
+    return {v.begin() + i * n, v.begin() + (i + 1) * n};
+}
+
+QuestSettings full() {
+    QuestSettings s;
+    s.full_attention = true;
+    return s;
+}
+
+std::vector<int> read_ids(const std::filesystem::path& file, const char* name) {
+    const auto ref = SafeTensorsFile::open(file);
+    const TensorInfo* t = ref->find(name);
+    std::vector<int> v(t->numel());
+    std::memcpy(v.data(), ref->data(*t), t->nbytes());
+    return v;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Kernels
+// ---------------------------------------------------------------------------------------------------------------------
+
+TEST(CudaInt4, GemvMatchesReferenceAtRealisticAndOddSizes) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(21);
+    struct Shape { int rows, cols, group; };
+    for (Shape s : {Shape{4096, 4096, 128}, Shape{12288, 4096, 128}, Shape{4096, 11008, 128}, Shape{22016, 4096, 128},
+                    Shape{4096, 4096, 32}, Shape{1000, 4096, 64}, Shape{3, 11008, 64}, Shape{37, 96, 32},
+                    Shape{1, 32, 32}, Shape{5, 160, 32}, Shape{64, 512, 512}, Shape{333, 1024, 256},
+                    Shape{17, 64, 64}, Shape{129, 11008, 128}}) {
+        SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " g" << s.group);
+        const auto W = random_floats(g, size_t(s.rows) * s.cols, 0.02f);
+        auto x = random_floats(g, s.cols);
+        const Int4Matrix m = quantize_int4(W.data(), s.rows, s.cols, s.group);
+        const DeviceInt4 dW(m);
+        auto dx = upload(to_half(x));  // x rounded to fp16: the reference sees what the GPU sees
+        std::vector<float> want(s.rows);
+        matvec_int4_ref(want.data(), m, x.data());
+        DeviceBuffer<float> y(s.rows);
+        y.fill_bytes(0xFF);
+        gemv_int4(y.get(), dW.view, dx.get(), nullptr);
+        auto got = y.download();
+        EXPECT_TRUE(all_finite(got));
+        EXPECT_LE(rel_err(got, want), kGemvTol);
+        for (int v = 0; v < gemv_int4_variant_count(); ++v) {  // every candidate kernel, not just the default
+            y.fill_bytes(0xFF);
+            gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+            got = y.download();
+            EXPECT_TRUE(all_finite(got)) << gemv_int4_variant_name(v);
+            EXPECT_LE(rel_err(got, want), kGemvTol) << gemv_int4_variant_name(v);
+        }
+    }
+}
+
+// Llama-2's "massive activations": a few input channels in the thousands (the down projection's input). The fp16
+// partial sums (8 products of |q - z| <= 15) must not overflow.
+TEST(CudaInt4, GemvWithMassiveActivations) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(22);
+    const int rows = 4096, cols = 11008;
+    const auto W = random_floats(g, size_t(rows) * cols, 0.02f);
+    auto x = random_floats(g, cols, 0.5f);
+    for (int c : {7, 1415, 2533, 7890}) x[c] = (c % 2 ? -1.0f : 1.0f) * 2500.0f;
+    const Int4Matrix m = quantize_int4(W.data(), rows, cols, 128);
+    const DeviceInt4 dW(m);
+    auto dx = upload(to_half(x));
+    std::vector<float> want(rows);
+    matvec_int4_ref(want.data(), m, x.data());
+    DeviceBuffer<float> y(rows);
+    y.fill_bytes(0xFF);
+    gemv_int4(y.get(), dW.view, dx.get(), nullptr);
+    const auto got = y.download();
+    EXPECT_TRUE(all_finite(got));
+    EXPECT_LE(rel_err(got, want), kGemvTol);
+}
+
+// The prefill's dequantization gives float_to_half of the exact (q - z) * s, bit for bit.
+TEST(CudaInt4, DequantizeToHalfIsBitExact) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(23);
+    struct Shape { int rows, cols, group; };
+    for (Shape s : {Shape{4096, 4096, 128}, Shape{4096, 11008, 128}, Shape{37, 96, 32}, Shape{1, 32, 32},
+                    Shape{300, 512, 256}}) {
+        const auto W = random_floats(g, size_t(s.rows) * s.cols, 0.05f);
+        const Int4Matrix m = quantize_int4(W.data(), s.rows, s.cols, s.group);
+        const DeviceInt4 dW(m);
+        DeviceBuffer<__half> out(size_t(s.rows) * s.cols);
+        out.fill_bytes(0xFF);
+        dequantize_int4_to_half(out.get(), dW.view, nullptr);
+        const auto got = out.download();
+        const auto want = dequantize_int4(m);
+        size_t bad = 0;
+        for (size_t i = 0; i < want.size(); ++i) bad += __half_raw(got[i]).x != float_to_half(want[i]);
+        EXPECT_EQ(bad, 0u) << s.rows << "x" << s.cols << " g" << s.group;
+    }
+}
+
+// Captured in a graph after a kernel that writes its input (rms_norm, programmatic dependent launch): the GEMV issues
+// its weight loads early but reads x only after the wait, at every replay with new inputs.
+TEST(CudaInt4, GemvInsideAGraphAfterAProducerKernel) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(24);
+    const int rows = 12288, cols = 4096;
+    const auto W = random_floats(g, size_t(rows) * cols, 0.02f);
+    const Int4Matrix m = quantize_int4(W.data(), rows, cols, 128);
+    const DeviceInt4 dW(m);
+    const auto norm_w = random_floats(g, cols, 0.1f, 1.0f);
+    auto dnorm = upload(norm_w);
+    DeviceBuffer<float> x32(cols);
+    DeviceBuffer<__half> xn(cols);
+    DeviceBuffer<float> y(rows);
+    cudaStream_t s;
+    CUDA_CHECK(cudaStreamCreate(&s));  // a blocking stream: ordered after the uploads and fills below
+    rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);  // warm-up outside the capture
+    gemv_int4(y.get(), dW.view, xn.get(), s);
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);
+    gemv_int4(y.get(), dW.view, xn.get(), s);
+    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int replay = 0; replay < 4; ++replay) {
+        const auto x = random_floats(g, cols, 1.0f + replay);
+        x32.upload(x);
+        y.fill_bytes(0xFF);
+        CUDA_CHECK(cudaGraphLaunch(exec, s));
+        CUDA_CHECK(cudaStreamSynchronize(s));
+        std::vector<float> xr(cols), want(rows);
+        rms_norm_ref(xr.data(), x.data(), norm_w.data(), cols, 1e-5f);
+        to_half(xr);
+        matvec_int4_ref(want.data(), m, xr.data());
+        EXPECT_LE(rel_err(y.download(), want), kGemvTol) << "replay " << replay;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(s);
+}
+
+TEST(CudaInt4, RejectsBadArguments) {
+    QUEST_REQUIRE_GPU();
+    DeviceBuffer<uint32_t> q(4096);
+    DeviceBuffer<__half> sc(1024), x(1024);
+    DeviceBuffer<uint8_t> z(1024);
+    DeviceBuffer<float> y(64);
+    Int4View v{q.get(), sc.get(), z.get(), 8, 128, 32};
+    EXPECT_NO_THROW(gemv_int4(y.get(), v, x.get(), nullptr));
+    Int4View bad = v;
+    bad.group = 48;
+    EXPECT_THROW(gemv_int4(y.get(), bad, x.get(), nullptr), std::invalid_argument);
+    bad = v;
+    bad.cols = 96;  // 96 % 64
+    bad.group = 64;
+    EXPECT_THROW(gemv_int4(y.get(), bad, x.get(), nullptr), std::invalid_argument);
+    bad = v;
+    bad.qweight = q.get() + 1;  // not 16-byte aligned
+    EXPECT_THROW(gemv_int4(y.get(), bad, x.get(), nullptr), std::invalid_argument);
+    EXPECT_THROW(gemv_int4(y.get(), v, x.get() + 1, nullptr), std::invalid_argument);
+    EXPECT_THROW(dequantize_int4_to_half(nullptr, v, nullptr), std::invalid_argument);
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+TEST(CudaInt4, RandomWeightsStayInRange) {
+    QUEST_REQUIRE_GPU();
+    const int rows = 256, cols = 4096, group = 128;
+    DeviceBuffer<uint32_t> q(size_t(rows) * cols / 8);
+    DeviceBuffer<__half> sc(size_t(rows) * cols / group);
+    DeviceBuffer<uint8_t> z(sc.size());
+    fill_random_int4(q.get(), sc.get(), z.get(), rows, cols, group, 5, 0.015f, nullptr);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    Int4Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.group = group;
+    m.qweight = q.download();
+    m.zeros = z.download();
+    const auto s = sc.download();
+    for (const __half& h : s) m.scales.push_back(__half_raw(h).x);
+    for (uint8_t v : m.zeros) ASSERT_TRUE(v == 7 || v == 8);
+    double sum = 0, sq = 0;
+    for (float w : dequantize_int4(m)) {
+        ASSERT_LE(std::abs(w), 0.015f * 1.25f / 7.5f * 8.0f * 1.001f);  // + the fp16 rounding of the scale
+        sum += w;
+        sq += double(w) * w;
+    }
+    const double n = double(rows) * cols;
+    EXPECT_LT(std::abs(sum / n), 0.001);
+    EXPECT_GT(std::sqrt(sq / n), 0.005);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The CUDA backend on int4 weights
+// ---------------------------------------------------------------------------------------------------------------------
+
+class CudaInt4Parity : public ::testing::TestWithParam<std::string> {};
+
+// The fixture quantized by `quest quantize` (group 32): the CPU backend computes in fp32 on the exact dequantized
+// weights, the CUDA backend keeps int4 (fused GEMV at decode, dequantize + FP16 GEMM at prefill, several prefill
+// chunks). Same top-1 at every position but one (near ties of the random fixtures).
+TEST_P(CudaInt4Parity, CudaInt4MatchesCpuOnTheSameQuantizedWeights) {
+    QUEST_REQUIRE_GPU();
+    const auto src = source_dir() / "tests/fixtures/hf" / GetParam();
+    const auto dir = temp_dir("cuda_int4_" + GetParam());
+    QuantizeOptions qo;
+    qo.group = 32;
+    ASSERT_EQ(quantize_model(src, dir, qo).quantized, 14);
+    const ModelFolder m = open_model_folder(dir);
+    const auto prompt = read_ids(src / "reference.safetensors", "prompt_ids");
+    const auto steps = read_ids(src / "reference.safetensors", "decode_ids");
+    const int cap = int(prompt.size() + steps.size()), V = m.config.vocab_size;
+    auto cpu = make_cpu_backend(m, full(), cap);
+    CudaOptions opts;
+    opts.prefill_chunk = 7;
+    auto gpu = CudaLlama::from_folder(m, full(), cap, opts);
+    EXPECT_LT(gpu->memory_plan().weights, CudaLlama::from_folder(open_model_folder(src), full(), cap)->memory_plan().weights);
+    std::vector<float> a, b;
+    cpu->prefill(prompt, &a);
+    gpu->prefill(prompt, &b);
+    int top1_diff = 0;
+    for (size_t t = 0; t < prompt.size(); ++t) {
+        EXPECT_LE(rel_err(slice(b, t, V), slice(a, t, V)), kLogitTol) << "prefill " << t;
+        top1_diff += top1(slice(b, t, V)) != top1(slice(a, t, V));
+    }
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const auto la = cpu->decode(steps[i]);
+        const std::vector<float> ca(la.begin(), la.end());
+        const auto lb = gpu->decode(steps[i]);
+        const std::vector<float> cb(lb.begin(), lb.end());
+        EXPECT_LE(rel_err(cb, ca), kLogitTol) << "decode " << i;
+        top1_diff += top1(cb) != top1(ca);
+    }
+    EXPECT_LE(top1_diff, 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, CudaInt4Parity,
+                         ::testing::Values("mha_hd64", "gqa4_hd128", "gqa8_hd64_tied", "linear_x4_legacy",
+                                           "dynamic_x2", "yarn_x4_legacy", "llama3_x8", "bf16_gqa2", "f16_gqa4"));
+
+// The AutoAWQ checkpoint on the GPU (converted to the quest-int4 layout at load) against transformers' fp32 logits.
+TEST(CudaInt4Model, AwqFixtureMatchesTransformers) {
+    QUEST_REQUIRE_GPU();
+    const auto dir = source_dir() / "tests/fixtures/awq/llama_g32";
+    const ModelFolder m = open_model_folder(dir);
+    const auto ref = SafeTensorsFile::open(dir / "reference.safetensors");
+    auto floats = [&](const char* name) {
+        const TensorInfo* t = ref->find(name);
+        std::vector<float> v(t->numel());
+        std::memcpy(v.data(), ref->data(*t), t->nbytes());
+        return v;
+    };
+    const auto prompt = read_ids(dir / "reference.safetensors", "prompt_ids");
+    const auto steps = read_ids(dir / "reference.safetensors", "decode_ids");
+    const auto pre = floats("prefill_logits"), dec = floats("decode_logits");
+    const int V = m.config.vocab_size;
+    auto gpu = CudaLlama::from_folder(m, full(), int(prompt.size() + steps.size()));
+    std::vector<float> b;
+    gpu->prefill(prompt, &b);
+    for (size_t t = 0; t < prompt.size(); ++t)
+        EXPECT_LE(rel_err(slice(b, t, V), slice(pre, t, V)), kLogitTol) << "prefill " << t;
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const auto l = gpu->decode(steps[i]);
+        EXPECT_LE(rel_err(std::vector<float>(l.begin(), l.end()), slice(dec, i, V)), kLogitTol) << "decode " << i;
+    }
+}
+
+// Quantizing on load (CudaOptions::int4_group) gives exactly the weights of the quantized folder: the same logits
+// (to 1e-6), eager or replayed from the graph. Forcing FP16 (-1) on the quantized folder runs the FP16 path on the
+// dequantized weights (FP16 tolerance).
+TEST(CudaInt4Model, QuantizeOnLoadEqualsTheQuantizedFolder) {
+    QUEST_REQUIRE_GPU();
+    const auto src = source_dir() / "tests/fixtures/hf/gqa4_hd128";
+    const auto dir = temp_dir("cuda_int4_onload");
+    QuantizeOptions qo;
+    qo.group = 64;
+    quantize_model(src, dir, qo);
+    const auto prompt = read_ids(src / "reference.safetensors", "prompt_ids");
+    auto run = [&](const std::filesystem::path& folder, int int4_group, bool graph) {
+        CudaOptions o;
+        o.int4_group = int4_group;
+        o.use_graph = graph;
+        auto b = CudaLlama::from_folder(open_model_folder(folder), full(), 64, o);
+        b->prefill(prompt);
+        std::vector<std::vector<float>> out;
+        for (int t = 0; t < 8; ++t) {
+            const auto l = b->decode(3 + 17 * t);
+            out.emplace_back(l.begin(), l.end());
+        }
+        return out;
+    };
+    const auto stored = run(dir, 0, true), on_load = run(src, 64, true), eager = run(dir, 0, false);
+    const auto fp16 = run(dir, -1, true);
+    for (size_t t = 0; t < stored.size(); ++t) {
+        EXPECT_LE(rel_err(on_load[t], stored[t]), 1e-6) << t;
+        EXPECT_LE(rel_err(eager[t], stored[t]), 1e-6) << "graph replay and eager launches run the same kernels " << t;
+        EXPECT_LE(rel_err(fp16[t], stored[t]), kLogitTol) << t;
+    }
+}
+
+// stories260K quantized at group 32 (its 172-wide down projection stays FP16): teacher-forced along the CPU
+// backend's greedy text, full attention and Quest with a budget covering the context.
+TEST(CudaInt4Model, Stories260KFollowsCpu) {
+    QUEST_REQUIRE_GPU();
+    const auto src = shared_dir() / "models/stories260K";
+    QUEST_REQUIRE_PATH(src);
+    const auto dir = temp_dir("cuda_int4_stories");
+    QuantizeOptions qo;
+    qo.group = 32;
+    EXPECT_EQ(quantize_model(src, dir, qo).kept_fp16.size(), 5u);
+    const ModelFolder m = open_model_folder(dir);
+    const Tokenizer tok(m.tokenizer_file());
+    for (bool quest : {false, true}) {
+        QuestSettings q = quest ? QuestSettings{} : full();
+        q.budget = 512;
+        auto cpu = make_cpu_backend(m, q, 512);
+        Sampler greedy({0.0f, 0, 1.0f, 0});
+        const auto r = generate(*cpu, greedy, tok.encode(""), 150, [](int) { return true; });
+        EXPECT_THAT(tok.decode(r.tokens), ::testing::StartsWith("Once upon a time"));
+        auto cpu2 = make_cpu_backend(m, q, 512);
+        auto gpu = CudaLlama::from_folder(m, q, 512);
+        auto la = cpu2->prefill(tok.encode(""));
+        auto lb = gpu->prefill(tok.encode(""));
+        int agree = 0;
+        for (size_t i = 0; i < r.tokens.size(); ++i) {
+            const std::vector<float> a(la.begin(), la.end()), b(lb.begin(), lb.end());
+            EXPECT_LE(rel_err(b, a), kLogitTol) << (quest ? "quest " : "full ") << i;
+            agree += top1(a) == top1(b);
+            la = cpu2->decode(r.tokens[i]);
+            lb = gpu->decode(r.tokens[i]);
+        }
+        EXPECT_GE(agree, int(r.tokens.size()) - 2) << (quest ? "quest" : "full");
+    }
+}
+
+// Random int4 weights at Llama-2-7B layer shapes (2 layers): the device draws them, prefill and decode give finite
+// logits, and the weights take about a quarter of the FP16 bytes.
+TEST(CudaInt4Model, RandomInt4WeightsAtLlama7BShapes) {
+    QUEST_REQUIRE_GPU();
+    const ModelConfig c = parse_model_config(
+        R"({"hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 2, "num_attention_heads": 32,
+            "vocab_size": 32000, "max_position_embeddings": 4096})",
+        "inline");
+    CudaOptions o;
+    o.int4_group = 128;
+    QuestSettings q;
+    q.budget = 256;
+    q.dense_layers = 1;
+    auto b = CudaLlama::random(c, q, 1024, 3, o);
+    CudaOptions o16;
+    const size_t fp16_weights = plan_memory(c, q, 1024, o16).weights;
+    const size_t embed_lm = 2ull * 32000 * 4096 * 2;
+    EXPECT_LT(double(b->memory_plan().weights - embed_lm), 0.3 * double(fp16_weights - embed_lm));
+    std::vector<int> prompt(700);
+    for (int i = 0; i < 700; ++i) prompt[i] = 3 + (i * 131) % 31000;
+    const auto l = b->prefill(prompt);
+    EXPECT_TRUE(all_finite(std::vector<float>(l.begin(), l.end())));
+    for (int t = 0; t < 5; ++t) {
+        const auto d = b->decode(3 + t);
+        EXPECT_TRUE(all_finite(std::vector<float>(d.begin(), d.end()))) << t;
+    }
+}
