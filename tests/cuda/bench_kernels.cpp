@@ -118,6 +118,15 @@ void bench_gemv_int4() {
             gemv_int4(y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
         });
         report(std::string("gemv int4 g128 ") + s.name, t, bytes);
+        // 16 launches back to back (as in the decode graph: each one's weight loads start under the previous one's
+        // tail, programmatic dependent launch), time per launch.
+        const double tb = time_ms([&](int i) {
+            for (int k = 0; k < 16; ++k) {
+                const int c = (i * 16 + k) % copies;
+                gemv_int4(y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
+            }
+        }) / 16;
+        report(std::string("gemv int4 g128 x16 ") + s.name, tb, bytes);
         for (int v = 1; v < gemv_int4_variant_count(); ++v) {
             const double tv = time_ms([&](int i) {
                 const int c = i % copies;
