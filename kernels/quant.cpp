@@ -179,16 +179,19 @@ Int4Matrix int4_from_awq(const int32_t* qweight, const int32_t* qzeros, const ui
     m.qweight.assign(static_cast<size_t>(N) * words, 0);
     m.scales.assign(static_cast<size_t>(N) * G, 0);
     m.zeros.assign(static_cast<size_t>(N) * G, 0);
-    for (int k = 0; k < K; ++k) {
-        for (int j = 0; j < packed; ++j) {
-            const uint32_t word = static_cast<uint32_t>(qweight[static_cast<size_t>(k) * packed + j]);
-            for (int i = 0; i < 8; ++i) {
-                const int n = 8 * j + kInt4Order[i];  // AWQ_ORDER is the same permutation
-                const uint32_t code = (word >> (4 * i)) & 15u;
-                m.qweight[static_cast<size_t>(n) * words + k / 8] |= code << (4 * kInt4Slot[k % 8]);
+    // Threads own disjoint words of every row: input columns 8 kw .. 8 kw + 7 for kw in their range.
+    parallel_rows(words, static_cast<int64_t>(K) * N, 0, [&](int kw0, int kw1) {
+        for (int k = 8 * kw0; k < 8 * kw1; ++k) {
+            for (int j = 0; j < packed; ++j) {
+                const uint32_t word = static_cast<uint32_t>(qweight[static_cast<size_t>(k) * packed + j]);
+                for (int i = 0; i < 8; ++i) {
+                    const int n = 8 * j + kInt4Order[i];  // AWQ_ORDER is the same permutation
+                    const uint32_t code = (word >> (4 * i)) & 15u;
+                    m.qweight[static_cast<size_t>(n) * words + k / 8] |= code << (4 * kInt4Slot[k % 8]);
+                }
             }
         }
-    }
+    });
     for (int g = 0; g < G; ++g) {
         for (int j = 0; j < packed; ++j) {
             const uint32_t word = static_cast<uint32_t>(qzeros[static_cast<size_t>(g) * packed + j]);

@@ -440,6 +440,8 @@ void CudaLlama::load_weights(const ModelFolder& model) {
     if (int4_count)
         spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest)", int4_count,
                      7 * c_.num_layers, quantized_on_load);
+    // cudaMemcpy from pageable memory may return before its DMA lands; stream_ is non-blocking: settle everything.
+    CUDA_CHECK(cudaDeviceSynchronize());
 }
 
 void CudaLlama::randomize_weights(uint64_t seed) {

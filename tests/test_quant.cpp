@@ -330,7 +330,7 @@ TEST(Int4Quantize, MatvecReferenceEqualsDequantizedProduct) {
 
 TEST(Awq, PackedLikeAutoAwqConvertsBackExactly) {
     std::mt19937 rng(13);
-    for (auto [N, K, G] : {std::tuple{8, 32, 32}, {64, 128, 32}, {40, 256, 64}, {128, 512, 128}}) {
+    for (auto [N, K, G] : {std::tuple{8, 32, 32}, {64, 128, 32}, {40, 256, 64}, {128, 512, 128}, {512, 4096, 128}}) {
         const std::vector<float> W = normal(rng, size_t(N) * K);
         const Int4Matrix m = quantize_int4(W.data(), N, K, G);
         std::vector<int32_t> qw, qz;
