@@ -557,6 +557,20 @@ TEST_P(Int4Quality, HfFixtureFourBitVsFullPrecision) {
     EXPECT_LE(a.kl, 0.2);
     EXPECT_GE(a.top1, 0.45);
     EXPECT_GE(bad.kl, 4 * a.kl);
+
+    // The same model written by `quest quantize` (config.json rewritten: RoPE scaling and all) computes the same
+    // logits, up to its FP16 embeddings and lm_head.
+    const auto out = test::temp_dir("int4_quality_" + GetParam());
+    QuantizeOptions qo;
+    qo.group = 32;
+    quantize_model(dir, out, qo);
+    const auto folder = prefill_logits(load_weights(out), tokens), mem = prefill_logits(wq, tokens);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < mem.size(); ++i) {
+        num += double(folder[i] - mem[i]) * (folder[i] - mem[i]);
+        den += double(mem[i]) * mem[i];
+    }
+    EXPECT_LE(std::sqrt(num / den), 2e-3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, Int4Quality,
