@@ -45,6 +45,16 @@ for s in $stages; do
         --budgets full,2048 --steps 64 --warmup 8 --page-size 16 --json "$OUT/bench.json" 2>&1 | tee "$OUT/bench.log"
       summary+=("bench: see bench.log")
       ;;
+    int4)
+      "$BIN/quest_kernel_bench" gemv gemv4 --json "$OUT/kernels-int4.json" > "$OUT/kernels-int4.log" 2>&1
+      "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights fp16,int4 \
+        --contexts 4096,32768 --budgets full,2048 --steps 64 --warmup 8 --page-size 16 --json "$OUT/bench-int4.json" \
+        > "$OUT/bench-int4.log" 2>&1
+      timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
+        --gtest_filter='CudaInt4.GemvAtOddSizes:CudaInt4.DequantizeToHalfIsBitExact:CudaInt4.GemvInsideAGraph*:*CudaInt4Parity*/1:CudaInt4Model.AwqFixture*' \
+        > "$OUT/memcheck-int4.log" 2>&1
+      summary+=("int4 memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-int4.log" | tail -1)")
+      ;;
     profile)
       # where the step's time goes (eager launches with events), and what the CUDA graph saves
       "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
@@ -69,6 +79,8 @@ echo
 echo "==== summary ===="
 for l in "${summary[@]}"; do echo "$l"; done
 [ -f "$OUT/bench.log" ] && grep -E "^(backend|cuda)" "$OUT/bench.log"
+[ -f "$OUT/kernels-int4.log" ] && grep -E "int4|own" "$OUT/kernels-int4.log" | head -40
+[ -f "$OUT/bench-int4.log" ] && grep -E "^(backend|cuda)" "$OUT/bench-int4.log"
 [ -f "$OUT/nograph.log" ] && grep -E "^(backend|cuda)" "$OUT/nograph.log"
 [ -f "$OUT/breakdown.log" ] && grep -E "^  [a-z]|^context|breakdown" "$OUT/breakdown.log"
 true
