@@ -1,5 +1,6 @@
 #include "engine/backend.h"
 
+#include "engine/memory.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/safetensors.h"
@@ -16,7 +17,9 @@ ModelFolder open_model_folder(const std::filesystem::path& dir) {
     return ModelFolder{dir, load_model_config(config_file)};
 }
 
-std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity) {
+std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
+                                          size_t memory_limit) {
+    check_cpu_memory(model.config, quest, capacity, memory_limit);
     const ModelFiles files(model.dir);
     auto weights = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(files, model.config));
     return std::make_unique<CpuLlama>(std::move(weights), quest, capacity);

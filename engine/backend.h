@@ -51,7 +51,10 @@ struct ModelFolder {
 // Checks the folder exists and parses its config.json (InputError naming the path otherwise).
 ModelFolder open_model_folder(const std::filesystem::path& dir);
 
-// The CPU reference backend over a folder's weights (read into fp32).
-std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity);
+// The CPU reference backend over a folder's weights (read into fp32). Before anything is read, the memory plan
+// (engine/memory.h) is checked against `memory_limit` bytes (0: the host's available memory): ResourceError with the
+// numbers when it does not fit.
+std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
+                                          size_t memory_limit = 0);
 
 }  // namespace quest

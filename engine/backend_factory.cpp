@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "engine/memory.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/make_model.h"
@@ -58,7 +59,7 @@ bool cuda_backend_built() {
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
     check_kind(o.kind);
     if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
-    if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity);
+    if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity, o.memory_limit);
 #ifdef QUEST_HAVE_CUDA
     return CudaLlama::from_folder(model, o.quest, o.capacity, cuda_options(o));
 #else
@@ -69,7 +70,8 @@ std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendO
 std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o) {
     check_kind(o.kind);
     if (o.kind == "cpu") {
-        // Same distributions as `quest make-model`, built in memory.
+        // Same distributions as `quest make-model`, built in memory (after the memory plan is checked).
+        check_cpu_memory(config, o.quest, o.capacity, o.memory_limit);
         const auto dir = std::filesystem::temp_directory_path() / ("quest_random_" + std::to_string(::getpid()));
         write_random_llama(dir, config, {seed, DType::F32});
         if (o.weights == BackendOptions::WeightFormat::Int4) {
@@ -77,7 +79,8 @@ std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64
             std::filesystem::remove_all(dir);
             return b;
         }
-        auto b = make_cpu_backend(ModelFolder{dir, load_model_config(dir / "config.json")}, o.quest, o.capacity);
+        auto b = make_cpu_backend(ModelFolder{dir, load_model_config(dir / "config.json")}, o.quest, o.capacity,
+                                  o.memory_limit);
         std::filesystem::remove_all(dir);
         return b;
     }

@@ -1,6 +1,7 @@
 #include "engine/quest_settings.h"
 
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -35,11 +36,20 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
     }
     if (!j.is_object()) throw InputError(source + ": expected a JSON object");
     QuestSettings s = base;
-    for (const auto& [key, value] : j.items()) {
+    for (const auto& item : j.items()) {
+        // Named references, not a structured binding: lambdas cannot capture bindings before clang 16.
+        const std::string& key = item.key();
+        const json& value = item.value();
         auto fail = [&](const std::string& what) { throw InputError(source + ": field '" + key + "': " + what); };
-        auto integer = [&]() {
-            if (!value.is_number_integer()) fail("expected an integer, got " + value.dump());
-            return value.get<int>();
+        auto integer = [&]() -> int {
+            // get<int>() would wrap a larger value silently (4294967312 became 16): it must fit an int.
+            const bool fits = value.is_number_unsigned()
+                                  ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                                  : value.is_number_integer() &&
+                                        value.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                                        value.get<int64_t>() <= std::numeric_limits<int>::max();
+            if (!fits) fail("expected an integer between -2^31 and 2^31 - 1, got " + value.dump());
+            return static_cast<int>(value.get<int64_t>());
         };
         if (key == "budget") s.budget = integer();
         else if (key == "page_size") s.page_size = integer();

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "model/error.h"
+#include "model/rope.h"
 
 namespace quest {
 
@@ -43,6 +45,8 @@ public:
     long long integer(const std::string& name) const {
         if (!has(name)) fail(name, "missing (expected an integer)");
         const json& v = obj_.at(name);
+        // An unsigned value beyond the int64 range would wrap to a negative number: report it as it was written.
+        if (v.is_number_unsigned() && v.get<unsigned long long>() > (1ULL << 62)) fail(name, "out of range: " + v.dump());
         if (v.is_number_integer()) return v.get<long long>();
         if (v.is_number_float()) {  // some writers emit 4096.0
             const double d = v.get<double>();
@@ -97,10 +101,14 @@ RopeType parse_rope_type(const Fields& f, const std::string& field, const std::s
     f.fail(field, "unsupported rope type '" + name + "' (expected one of: default, linear, dynamic, yarn, llama3)");
 }
 
+std::string top_number_text(double v) { return json(v).dump(); }
+
 // rope_scaling (Llama-2 era) or rope_parameters (transformers 5): the same keys, `type` or `rope_type`.
 void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
     const Fields top(root, source, "");
     c.rope_theta = top.number_or("rope_theta", 10000.0);
+    // theta <= 1 gives no usable rotation (every frequency >= 1 rad/token, and yarn divides by log(theta)).
+    if (c.rope_theta <= 1) top.fail("rope_theta", "expected a number > 1, got " + top_number_text(c.rope_theta));
 
     // transformers treats rope_scaling as the rope parameters when both are present.
     std::string key;
@@ -116,7 +124,7 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
     RopeScaling& r = c.rope;
     r.type = parse_rope_type(f, type_field.empty() ? "rope_type" : type_field, type_name);
     if (f.has("rope_theta")) c.rope_theta = f.number("rope_theta");
-    if (c.rope_theta <= 0) f.fail("rope_theta", "expected a positive number");
+    if (c.rope_theta <= 1) f.fail("rope_theta", "expected a number > 1, got " + top_number_text(c.rope_theta));
     if (f.has("partial_rotary_factor") && f.number("partial_rotary_factor") != 1.0)
         f.fail("partial_rotary_factor", "partial rotary embeddings are not supported by Llama (expected 1.0)");
 
@@ -137,6 +145,9 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
             r.beta_slow = f.number_or("beta_slow", 1.0);
             if (r.beta_fast == 0) r.beta_fast = 32.0;  // transformers: `get("beta_fast") or 32`
             if (r.beta_slow == 0) r.beta_slow = 1.0;
+            // Rotation counts: yarn takes their logarithm.
+            if (r.beta_fast < 0) f.fail("beta_fast", "expected a positive number");
+            if (r.beta_slow < 0) f.fail("beta_slow", "expected a positive number");
             r.attention_factor = f.optional_number("attention_factor");
             if (r.attention_factor && *r.attention_factor < 0) f.fail("attention_factor", "expected a number >= 0");
             r.mscale = f.optional_number("mscale");
@@ -154,6 +165,22 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
                 f.positive_int_or("original_max_position_embeddings", c.max_position_embeddings);
             break;
         }
+    }
+}
+
+// Every accepted config must give finite rotary frequencies and scaling at every length the engine uses (the
+// parameters are checked one by one above; this catches their combinations, e.g. a yarn ramp or a llama3 blend
+// that overflows fp32). Dynamic NTK depends on the length: checked at the model's maximum and at the largest int.
+void check_rope_frequencies(const ModelConfig& c, const std::string& source) {
+    const std::string field = c.rope.type == RopeType::Default ? "rope_theta" : "rope_scaling";
+    for (int len : {1, c.max_position_embeddings, std::numeric_limits<int>::max()}) {
+        if (len != 1 && !rope_depends_on_length(c)) break;
+        const RopeFrequencies f = rope_frequencies(c, len);
+        bool finite = std::isfinite(f.attention_scaling);
+        for (float v : f.inv_freq) finite = finite && std::isfinite(v);
+        if (!finite)
+            throw InputError(source + ": field '" + field + "': the " + std::string(rope_type_name(c.rope.type)) +
+                             " rotary parameters give non-finite frequencies (at length " + std::to_string(len) + ")");
     }
 }
 
@@ -208,27 +235,37 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
         c.head_dim = c.hidden_size / c.num_heads;
     }
     if (c.head_dim % 2 != 0) f.fail("head_dim", "must be even for rotary embeddings, got " + std::to_string(c.head_dim));
+    // q_dim() and kv_dim() are ints: the projection widths must fit (2^30, like every single dimension).
+    if (int64_t(c.num_heads) * c.head_dim > (int64_t(1) << 30))
+        f.fail("head_dim", "num_attention_heads x head_dim = " + std::to_string(int64_t(c.num_heads) * c.head_dim) +
+                               " exceeds 2^30");
     c.rms_norm_eps = f.number_or("rms_norm_eps", 1e-6);
     if (c.rms_norm_eps <= 0) f.fail("rms_norm_eps", "expected a positive number");
     c.tie_word_embeddings = f.boolean_or("tie_word_embeddings", false);
 
-    if (f.has("bos_token_id")) c.bos_token_id = static_cast<int>(f.integer("bos_token_id"));
+    // Token ids are checked against the vocabulary before they are narrowed to int (4294967298 must not become 2).
+    auto token_id = [&](const char* field, long long id) {
+        if (id < 0 || id >= c.vocab_size)
+            f.fail(field, "id " + std::to_string(id) + " outside the vocabulary of " + std::to_string(c.vocab_size));
+        return static_cast<int>(id);
+    };
+    if (f.has("bos_token_id")) c.bos_token_id = token_id("bos_token_id", f.integer("bos_token_id"));
+    else token_id("bos_token_id", c.bos_token_id);
     if (f.has("eos_token_id")) {
         const json& e = root.at("eos_token_id");
         c.eos_token_ids.clear();
         if (e.is_array()) {
             for (const auto& v : e) {
-                if (!v.is_number_integer()) f.fail("eos_token_id", "expected integers, got " + e.dump());
-                c.eos_token_ids.push_back(v.get<int>());
+                if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<unsigned long long>() > (1ULL << 62)))
+                    f.fail("eos_token_id", "expected integers, got " + e.dump());
+                c.eos_token_ids.push_back(token_id("eos_token_id", v.get<long long>()));
             }
         } else {
-            c.eos_token_ids.push_back(static_cast<int>(f.integer("eos_token_id")));
+            c.eos_token_ids.push_back(token_id("eos_token_id", f.integer("eos_token_id")));
         }
+    } else {
+        for (int id : c.eos_token_ids) token_id("eos_token_id", id);
     }
-    for (int id : c.eos_token_ids)
-        if (id < 0 || id >= c.vocab_size) f.fail("eos_token_id", "id " + std::to_string(id) + " outside the vocabulary");
-    if (c.bos_token_id < 0 || c.bos_token_id >= c.vocab_size)
-        f.fail("bos_token_id", "id " + std::to_string(c.bos_token_id) + " outside the vocabulary");
 
     // transformers 5 writes "dtype", earlier versions "torch_dtype".
     for (const char* key : {"dtype", "torch_dtype"}) {
@@ -242,6 +279,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     }
 
     parse_rope(root, source, c);
+    check_rope_frequencies(c, source);
     return c;
 }
 
