@@ -20,6 +20,7 @@
 #include "engine/chat.h"
 #include "engine/eval_cli.h"
 #include "engine/generate.h"
+#include "engine/memory.h"
 #include "engine/quantize_cmd.h"
 #include "engine/quest_settings.h"
 #include "engine/sampler.h"
@@ -44,6 +45,7 @@ struct ModelFlags {
     bool full_attention = false;
     bool no_graph = false;
     bool profile = false;
+    std::string memory_limit;  // --memory-limit: "" = what the device (or host) has free
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
@@ -58,6 +60,9 @@ struct ModelFlags {
         app.add_option("--gqa-policy", gqa_policy, "page selection for grouped heads: kv-max, kv-sum, per-head");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
+        app.add_option("--memory-limit", memory_limit,
+                       "memory the backend may plan for, e.g. 24GiB or 512MiB (cuda: device memory, default what is "
+                       "free; cpu: host memory, default what is available)");
     }
 
     BackendOptions backend_options(int capacity) const {
@@ -67,6 +72,7 @@ struct ModelFlags {
         o.quest = quest_settings();
         o.cuda_graph = !no_graph;
         o.profile = profile;
+        o.memory_limit = memory_limit.empty() ? 0 : parse_byte_size(memory_limit, "--memory-limit");
         return o;
     }
 
