@@ -193,3 +193,55 @@ TEST(CudaModel, MemoryPlanRefusesWhatDoesNotFit) {
         EXPECT_THAT(e.what(), ::testing::HasSubstr("-c"));
     }
 }
+
+// A conversation on the GPU: prefill, decode, then a second prefill appended after decoded tokens (the next chat
+// turn), more decoding, then a reset and a fresh start — logits follow the CPU backend all along.
+TEST(CudaModel, MultiTurnPrefillAfterDecodeFollowsCpu) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    QuestSettings q;
+    q.page_size = 16;
+    q.budget = 64;
+    auto cpu = cpu_fp16_weights(m, q, 700);
+    auto gpu = CudaLlama::from_folder(m, q, 700);
+    auto turn = [&](int first, int n_prompt, int n_decode) {
+        std::vector<int> prompt(n_prompt);
+        for (int i = 0; i < n_prompt; ++i) prompt[i] = 3 + (first + i * 29) % 500;
+        const auto la = cpu->prefill(prompt);
+        const std::vector<float> ca(la.begin(), la.end());
+        const auto lb = gpu->prefill(prompt);
+        const std::vector<float> cb(lb.begin(), lb.end());
+        EXPECT_LE(test::rel_err(cb, ca), 5e-2) << "prefill at " << cpu->position();
+        for (int t = 0; t < n_decode; ++t) {
+            const int tok = 3 + (first + t * 13) % 500;
+            const auto da = cpu->decode(tok);
+            const std::vector<float> a(da.begin(), da.end());
+            const auto db = gpu->decode(tok);
+            const std::vector<float> b(db.begin(), db.end());
+            EXPECT_LE(test::rel_err(b, a), 5e-2) << "decode at " << cpu->position();
+        }
+        EXPECT_EQ(gpu->position(), cpu->position());
+    };
+    turn(1, 300, 20);
+    turn(7, 150, 20);  // appended after the decoded tokens, crossing into Quest selection with more pages
+    cpu->reset();
+    gpu->reset();
+    turn(11, 100, 10);
+}
+
+// Many conversations in one process: device memory stays flat (no allocation per reset or per step).
+TEST(CudaModel, RepeatedResetsKeepDeviceMemoryFlat) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    auto gpu = CudaLlama::from_folder(m, QuestSettings{}, 512);
+    std::vector<int> prompt(64, 5);
+    size_t free0 = 0, free1 = 0, total = 0;
+    for (int round = 0; round < 100; ++round) {
+        gpu->reset();
+        gpu->prefill(prompt);
+        for (int t = 0; t < 5; ++t) gpu->decode(3 + t);
+        if (round == 1) CUDA_CHECK(cudaMemGetInfo(&free0, &total));
+    }
+    CUDA_CHECK(cudaMemGetInfo(&free1, &total));
+    EXPECT_EQ(free1, free0) << "device memory changed across 98 conversations";
+}
