@@ -42,6 +42,7 @@ struct ModelFlags {
     std::string quest_config;
     std::optional<int> budget, page_size, dense_layers;
     std::optional<std::string> gqa_policy;
+    std::optional<std::string> selector;
     bool full_attention = false;
     bool no_graph = false;
     bool profile = false;
@@ -58,6 +59,8 @@ struct ModelFlags {
         app.add_option("--page-size", page_size, "KV page size S in tokens (power of two)");
         app.add_option("--dense-layers", dense_layers, "layers that always use full attention");
         app.add_option("--gqa-policy", gqa_policy, "page selection for grouped heads: kv-max, kv-sum, per-head");
+        app.add_option("--selector", selector, "page selector: quest (default), streaming (first + recent pages), "
+                                               "oracle (true attention mass; evaluation only, CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
         app.add_option("--memory-limit", memory_limit,
@@ -84,6 +87,8 @@ struct ModelFlags {
         if (dense_layers) s.dense_layers = *dense_layers;
         if (gqa_policy && !gqa_policy_from_name(*gqa_policy, s.gqa_policy))
             throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + *gqa_policy + "'");
+        if (selector && !page_selector_from_name(*selector, s.selector))
+            throw InputError("--selector: expected quest, streaming or oracle, got '" + *selector + "'");
         if (full_attention) s.full_attention = true;
         s.validate();
         return s;

@@ -19,7 +19,7 @@ namespace {
 struct EvalFlags {
     std::string model, backend = "cpu", contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text;
     int samples = 10, page_size = 0, dense_layers = -1, window = 0, max_tokens = 0;
-    std::string gqa_policy;
+    std::string gqa_policy, selector;
     bool diagnostics = false;
     uint64_t seed = 1;
 };
@@ -51,6 +51,8 @@ QuestSettings base_settings(const EvalFlags& f) {
     if (f.dense_layers >= 0) q.dense_layers = f.dense_layers;
     if (!f.gqa_policy.empty() && !gqa_policy_from_name(f.gqa_policy, q.gqa_policy))
         throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + f.gqa_policy + "'");
+    if (!f.selector.empty() && !page_selector_from_name(f.selector, q.selector))
+        throw InputError("--selector: expected quest, streaming or oracle, got '" + f.selector + "'");
     q.budget = std::max(q.budget, q.page_size);
     return q;
 }
@@ -99,6 +101,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--page-size", flags->page_size, "KV page size (default from configs/quest-default.json)");
         a->add_option("--dense-layers", flags->dense_layers, "layers that always use full attention");
         a->add_option("--gqa-policy", flags->gqa_policy, "kv-max, kv-sum or per-head");
+        a->add_option("--selector", flags->selector, "quest, streaming (first + recent pages) or oracle");
         a->add_flag("--diagnostics", flags->diagnostics,
                     "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
         a->add_option("--json", flags->json, "write the rows as JSON");

@@ -22,7 +22,7 @@ void QuestSettings::validate() const {
 
 std::string QuestSettings::describe() const {
     if (full_attention) return "full attention";
-    return "quest B=" + std::to_string(budget) + " S=" + std::to_string(page_size) +
+    return std::string(page_selector_name(selector)) + " B=" + std::to_string(budget) + " S=" + std::to_string(page_size) +
            " dense_layers=" + std::to_string(dense_layers) + " gqa=" + std::string(gqa_policy_name(gqa_policy));
 }
 
@@ -57,13 +57,16 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
         else if (key == "full_attention") {
             if (!value.is_boolean()) fail("expected true or false");
             s.full_attention = value.get<bool>();
+        } else if (key == "selector") {
+            if (!value.is_string() || !page_selector_from_name(value.get<std::string>(), s.selector))
+                fail("expected one of \"quest\", \"streaming\", \"oracle\", got " + value.dump());
         } else if (key == "gqa_policy") {
             if (!value.is_string() || !gqa_policy_from_name(value.get<std::string>(), s.gqa_policy))
                 fail("expected one of \"kv-max\", \"kv-sum\", \"per-head\", got " + value.dump());
         } else if (key.rfind("_", 0) == 0 || key == "description") {
             // comments
         } else {
-            fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, full_attention)");
+            fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, selector, full_attention)");
         }
     }
     try {

@@ -15,6 +15,7 @@ struct QuestSettings {
     int page_size = 16;           // S: tokens per KV page (also the granularity of the page metadata)
     int dense_layers = 2;         // layers [0, dense_layers) always use full attention
     GqaPolicy gqa_policy = GqaPolicy::KvMax;
+    PageSelector selector = PageSelector::Quest;  // quest (the paper), streaming (baseline), oracle (evaluation)
 
     int page_budget() const { return budget / page_size; }  // K
     // True when layer `l` runs Quest selection (it may still be dense while the sequence has <= K pages).
@@ -24,7 +25,7 @@ struct QuestSettings {
     std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
 };
 
-// Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, full_attention); keys that are
+// Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, full_attention); keys that are
 // absent keep the values of `base`. `source` names the file in errors; unknown keys are errors too.
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source,
                                    const QuestSettings& base = {});

@@ -1,5 +1,7 @@
 #include "kernels/quest.h"
 
+#include "kernels/attention.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <numeric>
@@ -20,6 +22,24 @@ bool gqa_policy_from_name(std::string_view s, GqaPolicy& out) {
     for (GqaPolicy p : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
         if (s == gqa_policy_name(p)) {
             out = p;
+            return true;
+        }
+    return false;
+}
+
+std::string_view page_selector_name(PageSelector s) {
+    switch (s) {
+        case PageSelector::Quest: return "quest";
+        case PageSelector::Streaming: return "streaming";
+        case PageSelector::Oracle: return "oracle";
+    }
+    return "?";
+}
+
+bool page_selector_from_name(std::string_view name, PageSelector& out) {
+    for (PageSelector s : {PageSelector::Quest, PageSelector::Streaming, PageSelector::Oracle})
+        if (name == page_selector_name(s)) {
+            out = s;
             return true;
         }
     return false;
@@ -60,6 +80,8 @@ void page_metadata_update_ref(float* kmin, float* kmax, const float* key, int he
 void quest_select_ref(const QuestSelectArgs& a, std::vector<std::vector<int>>& selected) {
     if (a.len < 1 || a.page_size < 1 || a.page_budget < 1 || a.num_kv_heads < 1 || a.num_heads % a.num_kv_heads)
         throw std::invalid_argument("quest_select_ref: invalid arguments");
+    if (a.selector == PageSelector::Oracle && (!a.keys || a.key_capacity < a.len || a.scale <= 0.0f))
+        throw std::invalid_argument("quest_select_ref: the oracle needs the keys and the softmax scale");
     const int num_pages = (a.len + a.page_size - 1) / a.page_size;
     const int last = num_pages - 1;
     selected.assign(a.num_heads, {});
@@ -70,31 +92,46 @@ void quest_select_ref(const QuestSelectArgs& a, std::vector<std::vector<int>>& s
         }
         return;
     }
+    if (a.selector == PageSelector::Streaming) {  // the first page, then the most recent ones
+        std::vector<int> pages;
+        if (a.page_budget >= 2) pages.push_back(0);
+        for (int p = std::max(1, num_pages - (a.page_budget - static_cast<int>(pages.size()))); p < num_pages; ++p)
+            pages.push_back(p);
+        for (auto& s : selected) s = pages;
+        return;
+    }
     // Candidates are the complete pages before the last one.
     const int candidates = last;
     const int group = a.num_heads / a.num_kv_heads;
-    std::vector<float> scores(candidates), head_scores(candidates);
+    std::vector<float> scores(candidates), head_scores(candidates), mass;
+    // Score of each candidate page for query head h: Quest's bound, or the true softmax mass (oracle).
+    auto score_head = [&](int h, int kvh) {
+        const float* q = a.q + static_cast<int64_t>(h) * a.head_dim;
+        if (a.selector == PageSelector::Quest) {
+            const int64_t meta_off = static_cast<int64_t>(kvh) * a.page_capacity * a.head_dim;
+            page_scores_ref(head_scores.data(), q, a.kmin + meta_off, a.kmax + meta_off, candidates, a.head_dim);
+        } else {
+            mass.resize(num_pages);
+            attention_page_mass_ref(mass.data(), q, a.keys + static_cast<int64_t>(kvh) * a.key_capacity * a.head_dim,
+                                    a.head_dim, a.len, a.page_size, a.scale);
+            std::copy(mass.begin(), mass.begin() + candidates, head_scores.begin());
+        }
+    };
     auto finish = [&](std::vector<int> pages) {
         pages.push_back(last);
         return pages;
     };
     for (int kvh = 0; kvh < a.num_kv_heads; ++kvh) {
-        const int64_t meta_off = static_cast<int64_t>(kvh) * a.page_capacity * a.head_dim;
-        const float* kmin = a.kmin + meta_off;
-        const float* kmax = a.kmax + meta_off;
         if (a.policy == GqaPolicy::PerHead) {
             for (int g = 0; g < group; ++g) {
                 const int h = kvh * group + g;
-                page_scores_ref(head_scores.data(), a.q + static_cast<int64_t>(h) * a.head_dim, kmin, kmax,
-                                candidates, a.head_dim);
+                score_head(h, kvh);
                 selected[h] = finish(top_k_ref(head_scores, a.page_budget - 1));
             }
             continue;
         }
         for (int g = 0; g < group; ++g) {
-            const int h = kvh * group + g;
-            page_scores_ref(head_scores.data(), a.q + static_cast<int64_t>(h) * a.head_dim, kmin, kmax, candidates,
-                            a.head_dim);
+            score_head(kvh * group + g, kvh);
             for (int p = 0; p < candidates; ++p) {
                 if (g == 0) scores[p] = head_scores[p];
                 else if (a.policy == GqaPolicy::KvMax) scores[p] = std::max(scores[p], head_scores[p]);

@@ -27,6 +27,15 @@ enum class GqaPolicy {
 std::string_view gqa_policy_name(GqaPolicy p);
 bool gqa_policy_from_name(std::string_view s, GqaPolicy& out);
 
+// How the K-1 pages besides the last one are chosen at a selecting step.
+enum class PageSelector {
+    Quest,      // top-(K-1) complete pages by the upper bound U(p, q) (the paper; the default)
+    Streaming,  // the first page and the K-2 most recent complete pages: StreamingLLM-like, query-independent
+    Oracle,     // top-(K-1) complete pages by the true softmax mass (reads every key: an evaluation yardstick)
+};
+std::string_view page_selector_name(PageSelector s);
+bool page_selector_from_name(std::string_view name, PageSelector& out);
+
 // scores[p] = U(p, q) for p < num_pages. kmin/kmax: [num_pages][head_dim] (one KV head).
 void page_scores_ref(float* scores, const float* q, const float* kmin, const float* kmax, int num_pages,
                      int head_dim);
@@ -58,9 +67,15 @@ struct QuestSelectArgs {
     int page_size = 0;      // S
     int page_budget = 0;    // K = B / S (>= 1)
     GqaPolicy policy = GqaPolicy::KvMax;
+    PageSelector selector = PageSelector::Quest;
+    const float* keys = nullptr;  // Oracle only: [num_kv_heads][key_capacity][head_dim], post-RoPE
+    int key_capacity = 0;         // Oracle only: tokens per KV head (stride of keys)
+    float scale = 0.0f;           // Oracle only: softmax scale, 1/sqrt(head_dim)
 };
 
-// Pages each query head attends at this step: selected[h] is ascending and always ends with the last page.
+// Pages each query head attends at this step: selected[h] is ascending and always ends with the last page. The
+// GQA policy aggregates the per-head page scores (U for Quest, softmax mass for Oracle) the same way for every
+// selector.
 void quest_select_ref(const QuestSelectArgs& a, std::vector<std::vector<int>>& selected);
 
 }  // namespace quest

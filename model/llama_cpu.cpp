@@ -122,6 +122,10 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 a.page_size = quest_.page_size;
                 a.page_budget = quest_.page_budget();
                 a.policy = quest_.gqa_policy;
+                a.selector = quest_.selector;
+                a.keys = cache_.keys(l, 0);  // the oracle reads every key (KV heads are contiguous in a layer)
+                a.key_capacity = cache_.shape().capacity;
+                a.scale = scale;
                 quest_select_ref(a, pages_per_head);
             }
             for (int h = 0; h < NH; ++h) {

@@ -111,6 +111,9 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                      LinearGroups groups)
     : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), groups_(std::move(groups)) {
     quest_.validate();
+    if (!quest_.full_attention && quest_.selector != PageSelector::Quest)
+        throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
+                         "': the CUDA backend runs the quest selector only (streaming and oracle run on --backend cpu)");
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
     if (capacity < 1) throw InputError("context capacity must be >= 1");

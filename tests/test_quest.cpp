@@ -1,5 +1,6 @@
 // Quest page selection on random inputs: the bound is a bound, the selection is the brute-force ranking, the last
 // page is always attended, and a budget covering the context reproduces full attention exactly.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -196,4 +197,61 @@ TEST(Quest, SettingsValidation) {
     EXPECT_EQ(o.gqa_policy, GqaPolicy::PerHead);
     EXPECT_THROW(parse_quest_settings(R"({"budgett": 64})", "t.json", d), InputError);
     EXPECT_THROW(parse_quest_settings(R"({"gqa_policy": "mean"})", "t.json", d), InputError);
+}
+
+TEST(Selectors, StreamingReadsTheFirstAndTheMostRecentPages) {
+    std::mt19937 rng(7);
+    RandomLayer L(rng, 2, 16, 8, 100);  // 13 pages, the last holds 4 tokens
+    const auto q = random_vec(rng, 4 * 16);
+    QuestSelectArgs a{q.data(), L.cache.kmin(0), L.cache.kmax(0), 4, 2, 16, L.cache.shape().pages(), 100, 8, 5,
+                      GqaPolicy::KvMax};
+    a.selector = PageSelector::Streaming;
+    std::vector<std::vector<int>> sel;
+    quest_select_ref(a, sel);
+    for (const auto& pages : sel) EXPECT_EQ(pages, (std::vector<int>{0, 9, 10, 11, 12}));
+    a.page_budget = 1;
+    quest_select_ref(a, sel);
+    for (const auto& pages : sel) EXPECT_EQ(pages, (std::vector<int>{12}));
+}
+
+TEST(Selectors, OracleRanksPagesByTrueSoftmaxMass) {
+    std::mt19937 rng(8);
+    for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
+        RandomLayer L(rng, 2, 16, 4, 97);  // 25 pages
+        const int nh = 4, group = 2, P = 25, K = 6;
+        const auto q = random_vec(rng, nh * 16, 2.0f);
+        QuestSelectArgs a{q.data(), L.cache.kmin(0), L.cache.kmax(0), nh, 2, 16, L.cache.shape().pages(), 97, 4, K,
+                          policy};
+        a.selector = PageSelector::Oracle;
+        a.keys = L.cache.keys(0, 0);
+        a.key_capacity = L.cache.shape().capacity;
+        a.scale = 0.25f;
+        std::vector<std::vector<int>> sel;
+        quest_select_ref(a, sel);
+        for (int h = 0; h < nh; ++h) {
+            // Brute force: aggregate the group's page masses like the policy, rank the complete pages.
+            std::vector<float> agg(P - 1, 0.0f), mass(P);
+            for (int g = 0; g < group; ++g) {
+                const int hh = policy == GqaPolicy::PerHead ? h : (h / group) * group + g;
+                attention_page_mass_ref(mass.data(), q.data() + hh * 16, L.cache.keys(0, h / group), 16, 97, 4, 0.25f);
+                for (int p = 0; p < P - 1; ++p)
+                    agg[p] = g == 0 ? mass[p] : policy == GqaPolicy::KvSum ? agg[p] + mass[p] : std::max(agg[p], mass[p]);
+                if (policy == GqaPolicy::PerHead) break;
+            }
+            std::vector<int> want = top_k_ref(agg, K - 1);
+            want.push_back(P - 1);
+            EXPECT_EQ(sel[h], want) << gqa_policy_name(policy) << " head " << h;
+        }
+    }
+}
+
+TEST(Selectors, NamesAndSettings) {
+    PageSelector s;
+    EXPECT_TRUE(page_selector_from_name("streaming", s));
+    EXPECT_EQ(s, PageSelector::Streaming);
+    EXPECT_FALSE(page_selector_from_name("h2o", s));
+    const QuestSettings o = parse_quest_settings(R"({"selector": "oracle", "budget": 64})", "t.json");
+    EXPECT_EQ(o.selector, PageSelector::Oracle);
+    EXPECT_THAT(o.describe(), ::testing::HasSubstr("oracle B=64"));
+    EXPECT_THROW(parse_quest_settings(R"({"selector": "random"})", "t.json"), InputError);
 }
