@@ -1,6 +1,7 @@
 #pragma once
 // What the engine loop needs from a model backend (CPU reference or CUDA): prefill a prompt into the KV cache,
 // then decode one token at a time. Logits are fp32 on the host.
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -33,6 +34,17 @@ public:
     virtual size_t device_memory_bytes() const { return 0; }
     // Per-kernel-group timing of the decode step when the backend was built with profiling ("" otherwise).
     virtual std::string profile_report() const { return ""; }
+
+    // Ctrl-C: a prefill asks `interrupt` between its chunks (CUDA) or layers (CPU) and, when it returns true, throws
+    // Interrupted (model/error.h) with the cache as it was before the call. Empty: never interrupted.
+    void set_interrupt(std::function<bool()> interrupt) { interrupt_ = std::move(interrupt); }
+
+protected:
+    bool interruptible() const { return static_cast<bool>(interrupt_); }
+    bool interrupt_requested() const { return interrupt_ && interrupt_(); }
+
+private:
+    std::function<bool()> interrupt_;
 };
 
 }  // namespace quest

@@ -25,6 +25,7 @@
 #include "engine/quest_settings.h"
 #include "engine/sampler.h"
 #include "engine/timing.h"
+#include "model/atomic_file.h"
 #include "model/error.h"
 #include "model/make_model.h"
 #include "tokenizer/tokenizer.h"
@@ -127,22 +128,8 @@ void install_sigint() {
     sigaction(SIGINT, &sa, nullptr);
 }
 
-// Writes `text` to path + ".tmp" and renames it, so that an interrupted run leaves no partial file.
-void write_file_atomic(const std::string& path, const std::string& text) {
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp, std::ios::binary);
-        if (!out) throw InputError(path + ": cannot write");
-        out << text;
-        if (!out.flush()) throw InputError(path + ": write failed");
-    }
-    std::error_code ec;
-    std::filesystem::rename(tmp, path, ec);
-    if (ec) {
-        std::filesystem::remove(tmp, ec);
-        throw InputError(path + ": cannot write (" + ec.message() + ")");
-    }
-}
+// Output files (--json, --csv) go through write_file_atomic (model/atomic_file.h): never partial, and an interrupted
+// or killed run leaves no temporary behind.
 
 int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::string& prompt_file, int n,
                  SamplerSettings ss, bool seed_given, const std::string& json_path) {
@@ -172,6 +159,7 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
     StreamingDecoder stream(tok);
     std::string text;
     install_sigint();
+    backend->set_interrupt([] { return g_interrupted.load(); });  // Ctrl-C also stops a long prefill
     const GenerateResult r = generate(*backend, sampler, ids, n, [&](int token) {
         if (g_interrupted.load()) return false;
         if (model.config.is_eos(token)) return true;
@@ -296,6 +284,7 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
                  mf.model_dir, backend->name(), format == ChatFormat::Llama2 ? "Llama-2 chat" : "plain continuation",
                  backend->capacity(), backend->quest().describe());
     install_sigint();
+    backend->set_interrupt([] { return g_interrupted.load(); });  // Ctrl-C also stops a long prefill
     std::string line;
     while (true) {
         if (tty) {
@@ -304,9 +293,10 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
         }
         g_interrupted.store(false);
         if (!std::getline(std::cin, line)) {
-            if (g_interrupted.load() && tty) {  // Ctrl-C at the prompt: a fresh prompt
+            if (g_interrupted.load() && !std::feof(stdin)) {  // Ctrl-C at the prompt, not the end of the input
+                std::clearerr(stdin);
                 std::cin.clear();
-                std::fputc('\n', stdout);
+                if (tty) std::fputc('\n', stdout);  // a fresh prompt
                 continue;
             }
             break;  // Ctrl-D or end of the piped input
@@ -339,6 +329,10 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
                 std::fprintf(stderr, "(the context is full: /reset to start a new conversation)\n");
         } catch (const ResourceError& e) {
             std::fprintf(stderr, "error: %s\n", e.what());
+        } catch (const Interrupted&) {  // Ctrl-C during the prefill: the conversation is as before this message
+            std::fputc('\n', stdout);
+            std::fflush(stdout);
+            std::fprintf(stderr, "(interrupted: this message was not added to the conversation)\n");
         }
     }
     return 0;
@@ -359,8 +353,7 @@ int cmd_make_model(const std::string& config_file, const std::string& out_dir, c
         if (tok.vocab_size() != c.vocab_size)
             throw InputError(tokenizer + ": vocabulary of " + std::to_string(tok.vocab_size()) +
                              " pieces, but " + config_file + " says vocab_size " + std::to_string(c.vocab_size));
-        std::filesystem::copy_file(tokenizer, std::filesystem::path(out_dir) / "tokenizer.model",
-                                   std::filesystem::copy_options::overwrite_existing);
+        copy_file_atomic(tokenizer, std::filesystem::path(out_dir) / "tokenizer.model");
     }
     spdlog::info("wrote a random-weight model (seed {}, {}) to {}", seed, dtype_name, out_dir);
     return 0;
@@ -472,6 +465,9 @@ int run_cli(int argc, char** argv) {
     } catch (const ResourceError& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 2;
+    } catch (const Interrupted& e) {  // Ctrl-C during a prefill (generate): nothing was written
+        std::fprintf(stderr, "interrupted: %s\n", e.what());
+        return 130;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "internal error: %s\n", e.what());
         return 1;

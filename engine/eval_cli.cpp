@@ -7,6 +7,7 @@
 
 #include "engine/backend_factory.h"
 #include "engine/eval.h"
+#include "model/atomic_file.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/safetensors.h"
@@ -75,13 +76,7 @@ BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
 }
 
 void write_atomic(const std::string& path, const std::string& text) {
-    if (path.empty()) return;
-    const std::string tmp = path + ".tmp";
-    {
-        std::ofstream out(tmp);
-        if (!out || !(out << text)) throw InputError(path + ": cannot write");
-    }
-    std::filesystem::rename(tmp, path);
+    if (!path.empty()) write_file_atomic(path, text);  // never partial, no temporary left (model/atomic_file.h)
 }
 
 void progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }

@@ -20,6 +20,19 @@ KvCache::KvCache(const KvCacheShape& shape) : shape_(shape) {
     kmax_.assign(meta, 0.0f);
 }
 
+void KvCache::truncate(int len) {
+    if (len < 0 || len > shape_.capacity) throw std::out_of_range("KvCache::truncate: length beyond the capacity");
+    const int d = shape_.head_dim, first = len / shape_.page_size * shape_.page_size;
+    if (first == len) return;  // the next write starts a page: it resets that page's metadata itself
+    for (int l = 0; l < shape_.num_layers; ++l)
+        for (int h = 0; h < shape_.num_kv_heads; ++h) {
+            const int64_t m = meta_offset(l, h) + static_cast<int64_t>(len / shape_.page_size) * d;
+            for (int t = first; t < len; ++t)
+                page_metadata_update_ref(kmin_.data() + m, kmax_.data() + m,
+                                         k_.data() + token_offset(l, h) + static_cast<int64_t>(t) * d, d, t == first);
+        }
+}
+
 void KvCache::write(int layer, int pos, const float* k, const float* v) {
     if (pos < 0 || pos >= shape_.capacity) throw std::out_of_range("KvCache::write: position beyond the capacity");
     const int d = shape_.head_dim;

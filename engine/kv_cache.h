@@ -29,6 +29,9 @@ public:
     // Stores the post-RoPE key and the value of token `pos` for every KV head of `layer` (k, v: [num_kv_heads][head_dim])
     // and folds the key into its page's metadata (O(head_dim) per head).
     void write(int layer, int pos, const float* k, const float* v);
+    // Forgets the tokens at positions >= len in every layer (a prefill undone part-way): the metadata of the page
+    // holding position len is rebuilt from the keys before len (later pages are reset by their first write).
+    void truncate(int len);
 
     const float* keys(int layer, int kv_head) const { return k_.data() + token_offset(layer, kv_head); }
     const float* values(int layer, int kv_head) const { return v_.data() + token_offset(layer, kv_head); }

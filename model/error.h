@@ -16,4 +16,9 @@ struct ResourceError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// The user interrupted a long operation (Ctrl-C during a prefill); the state is as it was before the operation.
+struct Interrupted : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
 }  // namespace quest

@@ -92,6 +92,11 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
     selection_.assign(c.num_layers, {});
     std::vector<std::vector<int>> pages_per_head;
     for (int l = 0; l < c.num_layers; ++l) {
+        if (n > 1 && interrupt_requested()) {  // Ctrl-C during a prefill: undo this call's cache writes and stop
+            cache_.truncate(pos_);
+            throw Interrupted("prefill interrupted (layer " + std::to_string(l) + " of " + std::to_string(c.num_layers) +
+                              "); the cache holds the " + std::to_string(pos_) + " tokens it held before");
+        }
         const LayerWeightsF32& L = w_->layers[l];
         // Attention block.
         for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.attn_norm.data(), H, eps);

@@ -515,6 +515,24 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
     rope.dynamic_len = pos_ + n;  // dynamic NTK: the whole prompt is one forward pass
 
     for (int start = 0; start < n; start += C) {
+        // Ctrl-C between chunks (chat, generate): wait for the chunks queued so far, and when asked, undo them and
+        // stop. Positions and the page holding the first undone token are restored; later pages are rebuilt by the
+        // next prefill. Without an interrupt handler (bench) chunks are queued back to back.
+        if (start > 0 && interruptible()) {
+            CUDA_CHECK(cudaStreamSynchronize(stream_));
+            if (interrupt_requested()) {
+                const int entry = pos_ - start;
+                pos_ = entry;
+                CUDA_CHECK(cudaMemcpy(d_pos_.get(), &entry, sizeof(int), cudaMemcpyHostToDevice));
+                if (entry % quest_.page_size != 0)
+                    for (int l = 0; l < c_.num_layers; ++l)
+                        page_metadata_rebuild(kv_view(l), entry / quest_.page_size, entry / quest_.page_size, entry,
+                                              stream_);
+                CUDA_CHECK(cudaStreamSynchronize(stream_));
+                throw Interrupted("prefill interrupted after " + std::to_string(start) + " of " + std::to_string(n) +
+                                  " tokens; the cache holds the " + std::to_string(entry) + " tokens it held before");
+            }
+        }
         const int T = std::min(C, n - start);
         const int pos0 = pos_;
         CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), tokens.data() + start, sizeof(int) * T, cudaMemcpyHostToDevice,

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <fstream>
 
+#include "model/atomic_file.h"
 #include "model/error.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -59,7 +60,7 @@ void write_random_llama(const std::filesystem::path& dir, const ModelConfig& con
         tensors.push_back({s.name, opts.dtype, s.shape, storage[i]});
     }
     write_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}, {"generator", "quest make-model"}});
-    std::ofstream(dir / "config.json") << model_config_to_json(c);
+    write_file_atomic(dir / "config.json", model_config_to_json(c));
 }
 
 }  // namespace quest

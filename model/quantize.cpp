@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "kernels/basic_ops.h"
+#include "model/atomic_file.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/weights.h"
@@ -632,15 +633,11 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
                                  {"layout_version", kQuestInt4LayoutVersion},
                                  {"awq_scaled", sum.awq},
                                  {"modules_not_quantized", kept}};
-    {
-        std::ofstream f(out / "config.json");
-        f << cj.dump(2) << "\n";
-        if (!f) throw InputError((out / "config.json").string() + ": cannot write");
-    }
+    // Every output file is written whole or not at all (an interrupted quantize leaves no partial file).
+    write_file_atomic(out / "config.json", cj.dump(2) + "\n");
     for (const char* name : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                              "generation_config.json", "tokenizer.json"})
-        if (std::filesystem::exists(in / name))
-            std::filesystem::copy_file(in / name, out / name, std::filesystem::copy_options::overwrite_existing);
+        if (std::filesystem::exists(in / name)) copy_file_atomic(in / name, out / name);
     sum.bytes_out = std::filesystem::file_size(out / "model.safetensors");
     return sum;
 }

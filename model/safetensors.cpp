@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/atomic_file.h"
 #include "model/error.h"
 
 namespace quest {
@@ -381,24 +382,6 @@ std::vector<std::string> ModelFiles::names() const {
 // Writing
 // ---------------------------------------------------------------------------------------------------------------------
 
-namespace {
-
-void write_all(int fd, const void* data, size_t n, const std::string& file) {
-    const auto* p = static_cast<const char*>(data);
-    while (n > 0) {
-        const size_t chunk = std::min<size_t>(n, size_t(1) << 30);
-        const ssize_t w = ::write(fd, p, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            throw InputError(file + ": write failed: " + errno_text(errno));
-        }
-        p += w;
-        n -= size_t(w);
-    }
-}
-
-}  // namespace
-
 void write_safetensors(const std::filesystem::path& path, std::span<const TensorToWrite> tensors,
                        const std::map<std::string, std::string>& metadata) {
     // Validate and build the header first, so that bad arguments never create a file.
@@ -438,27 +421,13 @@ void write_safetensors(const std::filesystem::path& path, std::span<const Tensor
     unsigned char len[8];
     for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(uint64_t(text.size()) >> (8 * i));
 
-    // Write to a temporary file and rename, so that readers never see a partial file under `path`.
-    const std::string tmp = path.string() + ".tmp";
-    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) throw InputError(tmp + ": cannot create: " + errno_text(errno));
-    bool closed = false;
-    try {
-        write_all(fd, len, 8, tmp);
-        write_all(fd, text.data(), text.size(), tmp);
-        for (const auto& t : tensors) write_all(fd, t.bytes.data(), t.bytes.size(), tmp);
-        closed = true;  // the descriptor is released even when close() fails: never close it twice
-        if (::close(fd) != 0) throw InputError(tmp + ": close failed: " + errno_text(errno));
-    } catch (...) {
-        if (!closed) ::close(fd);
-        ::unlink(tmp.c_str());
-        throw;
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        const int err = errno;
-        ::unlink(tmp.c_str());
-        throw InputError(path.string() + ": cannot rename " + tmp + " to it: " + errno_text(err));
-    }
+    // An AtomicFile: readers never see a partial file under `path`, and an interrupted or killed writer leaves
+    // no temporary behind.
+    AtomicFile out(path);
+    out.write(len, 8);
+    out.write(text);
+    for (const auto& t : tensors) out.write(t.bytes.data(), t.bytes.size());
+    out.commit();
 }
 
 }  // namespace quest

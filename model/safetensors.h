@@ -98,8 +98,8 @@ private:
 // Writing (used by `quest make-model`, `quest quantize` and the tests). Tensors are written in the given order,
 // contiguously, with the header padded with spaces to a multiple of 8 bytes. Bad arguments (bytes.size() !=
 // numel * dtype size, a duplicate or empty name, a negative dim) throw std::invalid_argument before any file is
-// created; the file is written to path + ".tmp" and renamed, so `path` never holds a partial file (I/O errors throw
-// InputError naming the file).
+// created; the file is written through an AtomicFile (model/atomic_file.h), so `path` never holds a partial file and
+// an interrupted writer leaves no temporary (I/O errors throw InputError naming the file).
 struct TensorToWrite {
     std::string name;
     DType dtype;

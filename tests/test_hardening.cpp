@@ -7,9 +7,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <fcntl.h>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -17,10 +20,13 @@
 
 #include "engine/backend.h"
 #include "engine/memory.h"
+#include "model/atomic_file.h"
 #include "model/config.h"
 #include "model/error.h"
 #include "model/make_model.h"
+#include "model/llama_cpu.h"
 #include "model/safetensors.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 using namespace quest;
@@ -133,4 +139,228 @@ TEST(MemoryLimit, CudaBackendWithoutAGpuOrBelowThePlanExitsTwo) {
         EXPECT_THAT(r.err, HasSubstr("0.00 GiB are available"));
     }
     EXPECT_THAT(r.err, Not(HasSubstr("internal error")));
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Ctrl-C during a prefill
+// ---------------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<int> some_tokens(int n, int salt) {
+    std::vector<int> t(n);
+    for (int i = 0; i < n; ++i) t[i] = 3 + (i * 37 + salt * 11) % 500;
+    return t;
+}
+
+std::unique_ptr<Backend> demo_backend(int capacity) {
+    QuestSettings q;
+    q.page_size = 4;
+    q.budget = 12;  // K = 3 pages: the decode steps below select pages by their metadata
+    q.dense_layers = 1;
+    return make_cpu_backend(open_model_folder(test::demo_model_dir()), q, capacity);
+}
+
+}  // namespace
+
+// An interrupted prefill leaves the backend exactly as before the call: the same position, and (since the
+// interrupted call started in the middle of a page) the same page metadata, so what follows gives the logits of a
+// backend that was never interrupted, Quest selection included.
+TEST(Interrupt, PrefillUndonePartWayLeavesNoTrace) {
+    const auto first = some_tokens(5, 1), second = some_tokens(30, 2);
+    auto fresh = demo_backend(64);
+    fresh->prefill(first);
+    fresh->prefill(second);
+    std::vector<std::vector<float>> want;
+    for (int t : {7, 8, 9}) {
+        const auto l = fresh->decode(t);
+        want.emplace_back(l.begin(), l.end());
+    }
+
+    for (int stop_at : {1, 3}) {  // before any layer ran, and after two of the four
+        auto b = demo_backend(64);
+        b->prefill(first);
+        int checks = 0;
+        b->set_interrupt([&] { return ++checks >= stop_at; });
+        try {
+            b->prefill(second);
+            FAIL() << "expected Interrupted";
+        } catch (const Interrupted& e) {
+            EXPECT_THAT(e.what(), HasSubstr("prefill interrupted"));
+            EXPECT_THAT(e.what(), HasSubstr("the cache holds the 5 tokens it held before"));
+        }
+        EXPECT_EQ(b->position(), 5);
+        b->set_interrupt({});
+        b->prefill(second);
+        for (size_t i = 0; i < want.size(); ++i) {
+            const auto l = b->decode(7 + static_cast<int>(i));
+            ASSERT_EQ(std::vector<float>(l.begin(), l.end()), want[i]) << "stop_at " << stop_at << ", step " << i;
+        }
+    }
+}
+
+TEST(Interrupt, DecodeStepsAreNotInterrupted) {
+    auto b = demo_backend(16);
+    b->prefill(some_tokens(3, 3));
+    b->set_interrupt([] { return true; });
+    EXPECT_NO_THROW(b->decode(5));  // one token: the step is short, Ctrl-C is seen between tokens instead
+    EXPECT_EQ(b->position(), 4);
+}
+
+namespace {
+
+// A `quest` process with a pipe to its stdin; stdout and stderr go to files.
+struct Child {
+    pid_t pid = -1;
+    int in = -1;
+    std::filesystem::path out, err;
+
+    bool exited(int& code, int timeout_ms) {
+        for (int waited = 0; waited <= timeout_ms; waited += 10) {
+            int status = 0;
+            if (::waitpid(pid, &status, WNOHANG) == pid) {
+                code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                return true;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return false;
+    }
+    void send(const std::string& s) const { ASSERT_EQ(::write(in, s.data(), s.size()), ssize_t(s.size())); }
+};
+
+Child spawn_quest(const std::vector<std::string>& args, const std::filesystem::path& dir) {
+    Child c;
+    c.out = dir / "out";
+    c.err = dir / "err";
+    int p[2];
+    if (::pipe(p) != 0) return c;
+    c.pid = ::fork();
+    if (c.pid == 0) {
+        ::dup2(p[0], 0);
+        ::close(p[0]);
+        ::close(p[1]);
+        const int o = ::open(c.out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        const int e = ::open(c.err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        ::dup2(o, 1);
+        ::dup2(e, 2);
+        std::vector<char*> argv = {const_cast<char*>(QUEST_BINARY)};
+        for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+        argv.push_back(nullptr);
+        ::execv(QUEST_BINARY, argv.data());
+        ::_exit(127);
+    }
+    ::close(p[0]);
+    c.in = p[1];
+    return c;
+}
+
+bool wait_for(const std::filesystem::path& file, const std::vector<std::string>& any, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        const std::string text = slurp(file);
+        for (const auto& s : any)
+            if (text.find(s) != std::string::npos) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+}
+
+}  // namespace
+
+// Ctrl-C (a scripted SIGINT) while chat prefills a long message: the answer stops, the REPL goes on, the
+// conversation is as before that message (the next answer starts from an empty context), and the process ends
+// normally at the end of its input.
+TEST(Interrupt, ChatSurvivesCtrlCDuringAPrefill) {
+    const auto dir = test::temp_dir("interrupt_chat");
+    Child c = spawn_quest({"chat", "-m", test::demo_model_dir().string(), "-n", "1", "--temp", "0"}, dir);
+    ASSERT_GT(c.pid, 0);
+    ASSERT_TRUE(wait_for(c.err, {"chat with"}, 60000)) << slurp(c.err);
+    std::string long_line;
+    while (long_line.size() < 7000) long_line += "the little fox ran into the old woods and found a tree ";
+    c.send(long_line + "\n");
+    bool stopped = false;
+    for (int i = 0; i < 12000 && !stopped; ++i) {  // Ctrl-C every 5 ms until the answer reports it stopped
+        ::kill(c.pid, SIGINT);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        const std::string err = slurp(c.err);
+        stopped = err.find("(interrupted") != std::string::npos || err.find("(stopped)") != std::string::npos;
+        int code = 0;
+        if (!stopped && c.exited(code, 0)) FAIL() << "quest chat exited (" << code << "): " << slurp(c.err);
+    }
+    ASSERT_TRUE(stopped) << slurp(c.err);
+    c.send("hello\n/stats\n");
+    ::close(c.in);
+    int code = -1;
+    if (!c.exited(code, 120000)) {
+        ::kill(c.pid, SIGKILL);
+        FAIL() << "quest chat did not finish: " << slurp(c.err);
+    }
+    const std::string err = slurp(c.err);
+    EXPECT_EQ(code, 0) << err;
+    EXPECT_THAT(err, HasSubstr("last answer: prefill"));
+    EXPECT_THAT(err, Not(HasSubstr("internal error")));
+    if (err.find("(interrupted: this message was not added to the conversation)") != std::string::npos) {
+        // The long message is gone: "hello" was the first turn (BOS + a few tokens; the context reports them).
+        const size_t at = err.find("context ", err.find("last answer: prefill"));
+        ASSERT_NE(at, std::string::npos) << err;
+        EXPECT_LT(std::stoi(err.substr(at + 8)), 32) << err;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Output files: never partial, no temporary left
+// ---------------------------------------------------------------------------------------------------------------------
+
+namespace {
+std::vector<std::string> listing(const std::filesystem::path& dir) {
+    std::vector<std::string> names;
+    for (const auto& e : std::filesystem::directory_iterator(dir)) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+}  // namespace
+
+TEST(AtomicFile, InvisibleUntilCommittedAndNothingLeftWithoutCommit) {
+    const auto dir = test::temp_dir("atomic_basic");
+    {
+        AtomicFile f(dir / "a.json");
+        f.write("{\"x\": 1}\n");
+        EXPECT_TRUE(listing(dir).empty());  // not even a temporary name
+    }  // destroyed without commit
+    EXPECT_TRUE(listing(dir).empty());
+    std::ofstream(dir / "b.csv") << "old";
+    write_file_atomic(dir / "b.csv", "new contents");
+    EXPECT_EQ(slurp(dir / "b.csv"), "new contents");
+    EXPECT_EQ(listing(dir), std::vector<std::string>{"b.csv"});
+    try {
+        write_file_atomic(dir / "no/such/folder/c.json", "x");
+        FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("no/such/folder/c.json: cannot create"));
+    }
+    copy_file_atomic(dir / "b.csv", dir / "d.csv");
+    EXPECT_EQ(slurp(dir / "d.csv"), "new contents");
+}
+
+// A writer killed in the middle of a large safetensors file (SIGKILL: no handler, no cleanup) leaves nothing:
+// neither a partial model.safetensors nor a temporary.
+TEST(AtomicFile, KilledWriterLeavesNoPartialFile) {
+    const auto dir = test::temp_dir("atomic_kill");
+    std::ofstream(dir / "model.safetensors") << "previous complete file";
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        std::vector<float> big(size_t(64) << 20, 1.0f);  // 256 MiB
+        const TensorToWrite t{"w", DType::F32, {static_cast<int64_t>(big.size())},
+                              std::as_bytes(std::span<const float>(big))};
+        for (int i = 0; i < 1000; ++i) write_safetensors(dir / "model.safetensors", std::span(&t, 1));
+        ::_exit(0);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(pid, SIGKILL);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    EXPECT_EQ(listing(dir), std::vector<std::string>{"model.safetensors"});
+    // Either the previous file or a complete new one, never a partial one.
+    const std::string head = slurp(dir / "model.safetensors").substr(0, 22);
+    if (head != "previous complete file") EXPECT_NO_THROW(SafeTensorsFile::open(dir / "model.safetensors"));
 }
