@@ -47,8 +47,8 @@ DEFAULT_TOKENIZER = ROOT / "tools" / "data" / "retrieval-tokenizer.model"
 # The engine's passkey prompt (engine/eval.cpp), verbatim
 # ---------------------------------------------------------------------------------------------------------------------
 
-ENGINE_TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will quiz "
-               "you about the important information there.")
+ENGINE_TASK = ("There is an important info hidden inside a lot of irrelevant text. Find it and memorize it. I will "
+               "quiz you about the important information there.")
 ENGINE_FILLER = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 ENGINE_QUESTION = " What is the pass key? The pass key is"
 
