@@ -24,6 +24,7 @@
 #include "engine/quantize_cmd.h"
 #include "engine/quest_settings.h"
 #include "engine/sampler.h"
+#include "engine/soak.h"
 #include "engine/timing.h"
 #include "model/atomic_file.h"
 #include "model/error.h"
@@ -257,6 +258,35 @@ int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
     return 0;
 }
 
+struct SoakFlags {
+    bool random_weights = false;
+    int prompt_tokens = 16, bucket = 4096;
+    long tokens = 100000;
+    double time_limit = 0;
+    uint64_t seed = 1;
+    std::string csv;
+};
+
+int cmd_soak(const ModelFlags& mf, const SoakFlags& sf) {
+    SoakRequest r;
+    r.model = mf.model_dir;
+    r.random_weights = sf.random_weights;
+    r.backend = mf.backend_options(mf.context);
+    r.prompt_tokens = sf.prompt_tokens;
+    r.tokens = sf.tokens;
+    r.bucket = sf.bucket;
+    r.time_limit_s = sf.time_limit;
+    r.seed = sf.seed;
+    install_sigint();
+    const SoakResult res = run_soak(
+        r, [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
+        [] { return g_interrupted.load(); });
+    std::fputs(soak_summary(res).c_str(), stderr);
+    if (!sf.csv.empty()) write_file_atomic(sf.csv, soak_csv(res));
+    if (!res.ok()) return 1;
+    return res.stop_reason == "interrupted" ? 130 : 0;
+}
+
 struct ChatFlags {
     int max_tokens = 512;
     std::string system, format = "auto";
@@ -424,6 +454,23 @@ int run_cli(int argc, char** argv) {
     QuantizeFlags qf;
     auto* qz = add_quantize_subcommand(app, qf);
 
+    // soak
+    ModelFlags soak_flags;
+    SoakFlags sf;
+    auto* soak = app.add_subcommand("soak", "Long greedy decode: every step's logits checked finite, latency per bucket "
+                                            "of positions against the bytes model (summary on stderr, CSV file)");
+    soak_flags.add(*soak);
+    soak->add_flag("--random-weights", sf.random_weights,
+                   "-m names a config.json (or a folder's config): weights are random, generated on the device");
+    soak->add_option("--tokens", sf.tokens, "greedy decode steps")->capture_default_str();
+    soak->add_option("--prompt-tokens", sf.prompt_tokens, "random prompt tokens prefilled first (BOS included)")
+        ->capture_default_str();
+    soak->add_option("--bucket", sf.bucket, "positions per latency bucket")->capture_default_str();
+    soak->add_option("--time-limit", sf.time_limit, "stop cleanly after this many seconds (0: no limit)")
+        ->capture_default_str();
+    soak->add_option("--seed", sf.seed, "seed of the random prompt and weights")->capture_default_str();
+    soak->add_option("--csv", sf.csv, "write the buckets as CSV");
+
     // chat
     ModelFlags chat_flags;
     ChatFlags cf;
@@ -452,6 +499,7 @@ int run_cli(int argc, char** argv) {
         if (gen->parsed()) return cmd_generate(gen_flags, prompt, prompt_file, n_tokens, sampling, seed_opt->count() > 0,
                                             gen_json);
         if (bench->parsed()) return cmd_bench(bench_flags, bf);
+        if (soak->parsed()) return cmd_soak(soak_flags, sf);
         if (eval.app->parsed()) return eval.run();
         if (chat->parsed()) {
             cf.seed_given = chat_seed->count() > 0;

@@ -364,3 +364,67 @@ TEST(AtomicFile, KilledWriterLeavesNoPartialFile) {
     const std::string head = slurp(dir / "model.safetensors").substr(0, 22);
     if (head != "previous complete file") EXPECT_NO_THROW(SafeTensorsFile::open(dir / "model.safetensors"));
 }
+
+// ---------------------------------------------------------------------------------------------------------------------
+// quest soak (the long-decode check the GPU machine runs at 100K+ tokens, here at small sizes on the CPU)
+// ---------------------------------------------------------------------------------------------------------------------
+
+TEST(Soak, BucketsAreLoggedAndEveryLogitChecked) {
+    const auto dir = test::temp_dir("soak_csv");
+    const RunResult r = run_quest("soak -m " + demo() + " --backend cpu -c 300 --tokens 150 --prompt-tokens 8 "
+                                  "--bucket 64 --budget 32 --page-size 8 --csv '" + (dir / "s.csv").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("positions       8-     71: p50 "));
+    EXPECT_THAT(r.err, HasSubstr("bytes model"));
+    EXPECT_THAT(r.err, HasSubstr("soak: 150 decode steps, positions 8 to 158"));
+    EXPECT_THAT(r.err, HasSubstr("every logit finite"));
+    std::ifstream csv(dir / "s.csv");
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(csv, l);) lines.push_back(l);
+    ASSERT_EQ(lines.size(), 4u);  // header + 64 + 64 + 22 steps
+    EXPECT_THAT(lines[0], HasSubstr("first_position,last_position,steps,p50_ms"));
+    EXPECT_THAT(lines[3], ::testing::StartsWith("136,157,22,"));
+}
+
+// On a small model the context fills up: the soak stops there with a clear message (not an error).
+TEST(Soak, StopsWithAClearMessageWhenTheContextIsFull) {
+    const RunResult r = run_quest("soak -m " + demo() + " --backend cpu -c 48 --tokens 1000 --prompt-tokens 4 "
+                                  "--bucket 16 --full-attention");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("stopped: the context is full (48 tokens) after 44 decode steps; raise it with -c"));
+    EXPECT_THAT(r.err, HasSubstr("full attention"));
+}
+
+// A model whose final norm holds a NaN: the soak reports the first non-finite logit and fails (exit 1).
+TEST(Soak, NonFiniteLogitsFailWithTheStepAndPosition) {
+    const auto dir = test::temp_dir("soak_nan");
+    const ModelConfig c = parse_model_config(R"({"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "vocab_size": 64, "max_position_embeddings": 128})", "inline");
+    write_random_llama(dir, c, {3, DType::F32});
+    std::streamoff at = 0;
+    {
+        const auto f = SafeTensorsFile::open(dir / "model.safetensors");
+        const TensorInfo* t = f->find("model.norm.weight");
+        ASSERT_NE(t, nullptr);
+        at = static_cast<std::streamoff>(t->begin) + 4;  // its second element, within the data area
+    }
+    std::fstream io(dir / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header_len = 0;
+    io.read(reinterpret_cast<char*>(&header_len), 8);
+    const float nan = std::nanf("");
+    io.seekp(static_cast<std::streamoff>(8 + header_len) + at);
+    io.write(reinterpret_cast<const char*>(&nan), 4);
+    io.close();
+    const RunResult r = run_quest("soak -m '" + dir.string() + "' --backend cpu -c 32 --tokens 10 --prompt-tokens 2");
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("FAILED: non-finite logit after decode step 0 (position 1): logits["));
+}
+
+TEST(Soak, BadArgumentsExitTwo) {
+    RunResult r = run_quest("soak -m " + demo() + " --tokens 0");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("--tokens must be >= 1"));
+    r = run_quest("soak -m " + demo() + " -c 8 --prompt-tokens 20");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("--prompt-tokens 20 exceeds the context"));
+}
