@@ -526,7 +526,7 @@ def main(argv=None):
     p.add_argument("--stages", default="256:0,1024:0.12,2048:0.3,4608:0.5",
                    help="LENGTH:PROGRESS,...: the longest training length from each share of the run on")
     p.add_argument("--short-share", type=float, default=0.3, help="share of batches at an earlier stage's length")
-    p.add_argument("--batch-tokens", type=int, default=131072, help="tokens per step (batch = this / length)")
+    p.add_argument("--batch-tokens", type=int, default=65536, help="tokens per step (batch = this / length)")
     p.add_argument("--mix", default="0.25,0.30,0.45", help="shares of engine-format passkey, varied passkey; the "
                    "rest multikey")
     p.add_argument("--lr", type=float, default=2e-3)
