@@ -91,7 +91,11 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
         for (int budget : r.budgets) for (const std::string& wspec : weights) {
             BackendOptions o = r.backend;
             const std::string wlabel = apply_weights(o, wspec, stored);
-            o.capacity = ctx + r.warmup + r.steps;
+            const int64_t capacity = int64_t(ctx) + r.warmup + r.steps;  // 64 bits: --steps 2^31-1 overflowed
+            if (capacity > (int64_t(1) << 30))
+                throw InputError("bench: context " + std::to_string(ctx) + " + --warmup + --steps = " +
+                                 std::to_string(capacity) + " tokens exceeds 2^30");
+            o.capacity = static_cast<int>(capacity);
             if (budget == 0) {
                 o.quest.full_attention = true;
             } else {

@@ -141,7 +141,9 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
     const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     if (n < 0) throw InputError("-n must be >= 0, got " + std::to_string(n));
     const int max_ctx = model.config.max_context();
-    int capacity = mf.context > 0 ? mf.context : std::min<int>(static_cast<int>(ids.size()) + n, max_ctx);
+    // In 64 bits: -n 2147483647 overflowed int here (UBSan).
+    int capacity = mf.context > 0 ? mf.context
+                                  : static_cast<int>(std::min<int64_t>(static_cast<int64_t>(ids.size()) + n, max_ctx));
     if (mf.context > max_ctx)
         throw InputError("-c " + std::to_string(mf.context) + " exceeds the model's maximum context of " +
                          std::to_string(max_ctx) + " tokens (max_position_embeddings in config.json)");

@@ -50,9 +50,10 @@ LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfi
     LlamaWeightsF32 w;
     w.config = c;
     w.embed = get(N::embed(), {V, h});
-    w.layers.resize(c.num_layers);
+    // One record per layer as it is read, not num_layers up front: a config that claims more layers than the files
+    // hold fails at the first missing tensor instead of allocating records for all of them (2^30 layers: 200+ GB).
     for (int l = 0; l < c.num_layers; ++l) {
-        LayerWeightsF32& L = w.layers[l];
+        LayerWeightsF32& L = w.layers.emplace_back();
         L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
         L.wq = linear(l, "self_attn.q_proj", q, h);
         L.wk = linear(l, "self_attn.k_proj", kv, h);

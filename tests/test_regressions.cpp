@@ -5,8 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <string>
+
+#include <sys/wait.h>
 
 #include "engine/backend.h"
 #include "engine/memory.h"
@@ -15,6 +18,8 @@
 #include "model/error.h"
 #include "model/make_model.h"
 #include "model/rope.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
 #include "test_util.h"
 
 using namespace quest;
@@ -124,4 +129,46 @@ TEST(Regression, AbsurdLayerCountIsRefusedBeforeAllocating) {
         EXPECT_THAT(e.what(), HasSubstr("not enough host memory for the CPU backend"));
         EXPECT_THAT(e.what(), HasSubstr("weights "));
     }
+}
+
+// Found with the sanitizer build: the fp32 loader itself sized its layer list from the config before reading any
+// layer, so any caller without the memory plan (quantize, eval) still allocated 2^30 records. It now grows the list
+// as it reads, and fails at the first missing tensor.
+TEST(Regression, LoaderGrowsTheLayerListAsItReads) {
+    const auto dir = test::temp_dir("reg_loader_layers");
+    ModelConfig c = parse_model_config(small_config(""), "inline");
+    write_random_llama(dir, c, {1, DType::F32});
+    c.num_layers = 1 << 30;
+    try {
+        load_llama_weights_f32(ModelFiles(dir), c);
+        FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("tensor 'model.layers.1.input_layernorm.weight' not found"));
+    }
+}
+
+namespace {
+int run_quest_exit(const std::string& args, std::string* err) {
+    const auto dir = test::temp_dir("reg_cli");
+    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >/dev/null 2>'" + (dir / "err").string() + "'";
+    const int status = std::system(cmd.c_str());
+    std::ifstream in(dir / "err");
+    *err = std::string(std::istreambuf_iterator<char>(in), {});
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+}  // namespace
+
+// Found with the sanitizer build (UBSan): `generate -n 2147483647` overflowed int adding the prompt length, and
+// `bench --steps 2147483647` adding the context and warm-up.
+TEST(Regression, HugeTokenCountsDoNotOverflow) {
+    const auto dir = test::temp_dir("reg_huge_n");
+    const ModelConfig c = parse_model_config(R"({"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
+        "num_attention_heads": 2, "vocab_size": 512, "max_position_embeddings": 32})", "inline");
+    write_random_llama(dir, c, {2, DType::F16});
+    std::filesystem::copy_file(test::source_dir() / "models/demo/tokenizer.model", dir / "tokenizer.model");
+    std::string err;
+    EXPECT_EQ(run_quest_exit("generate -m '" + dir.string() + "' -p hi -n 2147483647 --temp 0", &err), 0) << err;
+    EXPECT_THAT(err, HasSubstr("the context is full (32 tokens)"));
+    EXPECT_EQ(run_quest_exit("bench -m '" + dir.string() + "' --contexts 8 --budgets full --steps 2147483647", &err), 2);
+    EXPECT_THAT(err, HasSubstr("exceeds 2^30"));
 }
