@@ -21,12 +21,6 @@ const char* kTask =
 const char* kFiller = " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.";
 const char* kQuestion = " What is the pass key? The pass key is";
 
-std::vector<int> concat(std::initializer_list<const std::vector<int>*> parts) {
-    std::vector<int> out;
-    for (const auto* p : parts) out.insert(out.end(), p->begin(), p->end());
-    return out;
-}
-
 void enable_diagnostics(Backend& b, bool on) {
     if (!on) return;
     auto* cpu = dynamic_cast<CpuLlama*>(&b);
@@ -177,6 +171,12 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
                 const bool ok = !digits.empty() && digits.size() < 10 && std::stoi(digits) == p.key;
                 row.samples++;
                 row.correct += ok;
+                std::string shown = answer.substr(0, answer.find_first_of("\n"));
+                char sample_line[240];
+                std::snprintf(sample_line, sizeof sample_line, "  context %d %s, key at depth %d%%: %d -> \"%s\" %s",
+                              ctx, budget ? ("B=" + std::to_string(budget)).c_str() : "full", depths[i], p.key,
+                              shown.c_str(), ok ? "ok" : "WRONG");
+                progress(sample_line);
                 row.depths_percent.push_back(depths[i]);
                 row.ok.push_back(ok);
                 collect(*backend, row.selection);

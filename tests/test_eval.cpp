@@ -32,13 +32,13 @@ TinyModel tiny_model(const std::string& name) {
     BackendMaker make = [w](const QuestSettings& q, int cap) -> std::unique_ptr<Backend> {
         return std::make_unique<CpuLlama>(w, q, cap);
     };
-    return {w, Tokenizer(test::source_dir() / "models/demo/tokenizer.model"), make};
+    return {w, Tokenizer(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model"), make};
 }
 
 }  // namespace
 
 TEST(Eval, PasskeyPromptHasTheKeyAtTheDepthAndTheLength) {
-    const Tokenizer tok(test::source_dir() / "models/demo/tokenizer.model");
+    const Tokenizer tok(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model");
     for (double depth : {0.0, 0.5, 1.0}) {
         const PasskeyPrompt p = make_passkey_prompt(tok, 1000, depth, 48213);
         const int total = static_cast<int>(p.prefill.size() + p.question.size());

@@ -160,7 +160,7 @@ std::filesystem::path small_model(const std::string& name, int intermediate, DTy
             "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256})",
         "inline");
     write_random_llama(dir, c, {11, dtype});
-    std::filesystem::copy_file(test::source_dir() / "models/demo/tokenizer.model", dir / "tokenizer.model");
+    std::filesystem::copy_file(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model", dir / "tokenizer.model");
     return dir;
 }
 

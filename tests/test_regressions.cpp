@@ -165,7 +165,7 @@ TEST(Regression, HugeTokenCountsDoNotOverflow) {
     const ModelConfig c = parse_model_config(R"({"hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1,
         "num_attention_heads": 2, "vocab_size": 512, "max_position_embeddings": 32})", "inline");
     write_random_llama(dir, c, {2, DType::F16});
-    std::filesystem::copy_file(test::source_dir() / "models/demo/tokenizer.model", dir / "tokenizer.model");
+    std::filesystem::copy_file(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model", dir / "tokenizer.model");
     std::string err;
     EXPECT_EQ(run_quest_exit("generate -m '" + dir.string() + "' -p hi -n 2147483647 --temp 0", &err), 0) << err;
     EXPECT_THAT(err, HasSubstr("the context is full (32 tokens)"));

@@ -23,7 +23,7 @@ const std::string kFFFD = "\xef\xbf\xbd";
 
 std::filesystem::path llama_model() { return quest::test::shared_dir() / "models/llama2-tokenizer/tokenizer.model"; }
 std::filesystem::path stories_model() { return quest::test::shared_dir() / "models/stories260K/tokenizer.model"; }
-std::filesystem::path demo_model() { return quest::test::source_dir() / "models/demo/tokenizer.model"; }
+std::filesystem::path demo_model() { return quest::test::source_dir() / "tests/fixtures/tokenizer/demo-512.model"; }
 
 // Strict UTF-8 check (no overlongs, surrogates or code points above U+10FFFF; no truncated sequence).
 bool is_valid_utf8(std::string_view s) {

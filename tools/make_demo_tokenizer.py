@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Trains the tokenizer of quest's embedded demo model: models/demo/tokenizer.model.
+"""Trains the tokenizer of quest's embedded demo model: tests/fixtures/tokenizer/demo-512.model.
 
 A 512-piece SentencePiece BPE model over tools/data/demo_corpus.txt (original children's-story text written for this
 project), set up like Llama-2's tokenizer: byte fallback, identity normalization, a dummy-prefix space, spaces kept
@@ -23,7 +23,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--corpus", type=pathlib.Path, default=ROOT / "tools" / "data" / "demo_corpus.txt")
-    parser.add_argument("--output", type=pathlib.Path, default=ROOT / "models" / "demo" / "tokenizer.model")
+    parser.add_argument("--output", type=pathlib.Path, default=ROOT / "tests" / "fixtures" / "tokenizer" / "demo-512.model")
     args = parser.parse_args()
 
     # One sentence per non-empty line; SentencePiece would skip the empty ones anyway.
