@@ -11,6 +11,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/quant.h"
+#include "kernels/page_select.cuh"
 #include "kernels/quest.cuh"
 #include "model/error.h"
 #include "model/quantize.h"
@@ -111,9 +112,9 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                      LinearGroups groups)
     : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), groups_(std::move(groups)) {
     quest_.validate();
-    if (!quest_.full_attention && quest_.selector != PageSelector::Quest)
-        throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
-                         "': the CUDA backend runs the quest selector only (streaming and oracle run on --backend cpu)");
+    if (!quest_.full_attention && quest_.selector == PageSelector::Oracle)
+        throw InputError("selector 'oracle': an evaluation yardstick of the CPU reference only (it reads every key); "
+                         "use --backend cpu, or --selector quest|streaming on cuda");
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
     if (capacity < 1) throw InputError("context capacity must be >= 1");
@@ -604,7 +605,13 @@ void CudaLlama::enqueue_decode_step() {
         mark("gemv qkv");
         rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
         mark("rope + kv append");
-        if (quest_.quest_layer(l)) {
+        if (quest_.quest_layer(l) && quest_.selector == PageSelector::Streaming) {
+            const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
+            streaming_select(quest_ws_.selected, d_pos_.get(), rows, quest_.page_size, quest_.page_budget(), stream_);
+            attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
+                                    quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
+            mark("attention streaming");
+        } else if (quest_.quest_layer(l)) {
             quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
                          scale, quest_ws_, stream_);
             mark("attention quest");
