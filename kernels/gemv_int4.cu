@@ -220,17 +220,14 @@ struct TileRows {  // the rows of the tile being loaded (rows past the end re-re
         }
     }
 
-    // Chunk c of row r: codes, scale bits and zero point; zeros (adding nothing) when !in.
+    // Chunk c of row r: codes, scale bits and zero point when `in`; otherwise the registers keep their (stale)
+    // contents, which the kernel never uses (it multiplies a slot only when the same `in` held at its load).
     __device__ __forceinline__ void load(int r, int c, int cpg_shift, bool in, uint4& q, uint32_t& sv,
                                          uint32_t& zv) const {
         if (in) {
             q = load_stream(w[r] + c);
             sv = __ldg(s[r] + (c >> cpg_shift));
             zv = __ldg(z[r] + (c >> cpg_shift));
-        } else {
-            q = make_uint4(0, 0, 0, 0);
-            sv = 0;
-            zv = 0;
         }
     }
 };
@@ -258,6 +255,8 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
     for (int u = 0; u < U; ++u) {
         const int c = lane + 32 * u;
 #pragma unroll
+        for (int r = 0; r < R; ++r) q[u][r] = make_uint4(0, 0, 0, 0), s[u][r] = 0, z[u][r] = 0;
+#pragma unroll
         for (int r = 0; r < R; ++r) src.load(r, c, cpg_shift, active && c < chunks, q[u][r], s[u][r], z[u][r]);
     }
     pdl_trigger();
@@ -284,14 +283,17 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
         for (int u = 0; u < U; ++u) {
             const int c = lane + 32 * (b * U + u), cn = lane + 32 * (bn * U + u);
             const bool in = c < chunks, in_next = more && cn < chunks;
-            uint4 xr[4];
+            // `in` is the `in_next` of the iteration (or prologue) that loaded this slot: same chunk formula, and
+            // that iteration had more = true.
+            if (in) {
+                uint4 xr[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) xr[j] = in ? xs[j * chunks + c] : make_uint4(0, 0, 0, 0);
+                for (int j = 0; j < 4; ++j) xr[j] = xs[j * chunks + c];
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                if (in) acc[r] = chunk_dot(q[u][r], s[u][r], z[u][r], xr, acc[r]);
-                src.load(r, cn, cpg_shift, in_next, q[u][r], s[u][r], z[u][r]);
+                for (int r = 0; r < R; ++r) acc[r] = chunk_dot(q[u][r], s[u][r], z[u][r], xr, acc[r]);
             }
+#pragma unroll
+            for (int r = 0; r < R; ++r) src.load(r, cn, cpg_shift, in_next, q[u][r], s[u][r], z[u][r]);
         }
         if (bn == 0) {  // tile t is complete (warp-uniform branch)
 #pragma unroll
