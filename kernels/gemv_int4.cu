@@ -310,6 +310,136 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
+// "async" variants: the stream kernel's tiling and (tile, batch) item order, but the codes travel by cp.async into a
+// per-warp ring of S stages in shared memory instead of registers, so the bytes in flight no longer cost 4
+// registers per 16 bytes: S - 1 items (U R 512 bytes each per warp) stay in flight while the warp multiplies the
+// oldest. Stage st of warp w holds, for lane l, slot (u, r) at ring[w][st][u][r][l] (16 bytes): each lane writes and
+// reads back only its own slots, so cp.async.wait_group (per thread) is the only synchronisation needed. A stage is
+// refilled one iteration after it was read (the refill of item k + S - 1 goes to the stage of item k - 1), so the
+// reads of a stage have completed (their values fed the previous iteration's multiplies) before it is overwritten.
+// The scales and zero points of the S stages are ordinary loads into registers (S U R x 2 registers). Shared memory
+// per block: cols * 2 (x, as in the stream kernel) + W S U R 512 bytes; the launcher opts in to more than 48 KB and
+// falls back to the stream kernel beyond kAsyncMaxSmem.
+__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gptr) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gptr) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+template <int R, int U, int W, int S>
+__global__ void __launch_bounds__(W * 32, 16 / W)
+    gemv_int4_async_kernel(float* __restrict__ y, const uint32_t* __restrict__ qw, const __half* __restrict__ sc,
+                           const uint8_t* __restrict__ zp, const __half* __restrict__ x, int rows, int cols,
+                           int cpg_shift) {
+    static_assert(S >= 2 && 16 % W == 0, "at least two stages; whole blocks per SM");
+    extern __shared__ uint4 smem[];  // x: [4][chunks] (as the stream kernel), then the rings: [W][S][U][R][32]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int chunks = cols >> 5, groups = chunks >> cpg_shift;
+    const int tiles = (rows + R - 1) / R;
+    const int batches = (((chunks + 31) >> 5) + U - 1) / U;
+    const int stride = gridDim.x * W;
+    const int t0 = blockIdx.x * W + warp;
+    const int my_items = t0 < tiles ? ((tiles - 1 - t0) / stride + 1) * batches : 0;
+    uint4* xs = smem;
+    uint4* ring = smem + 4 * chunks + static_cast<size_t>(warp) * S * U * R * 32;
+    // Shared-space address of slot (st, u, r) of this lane.
+    const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
+    auto slot_addr = [&](int st, int u, int r) {
+        return ring_addr + static_cast<uint32_t>(((st * U + u) * R + r) * 512);
+    };
+
+    uint32_t s[S][U][R], z[S][U][R];
+#pragma unroll
+    for (int st = 0; st < S; ++st)
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) s[st][u][r] = 0, z[st][u][r] = 0;
+
+    // Issue cursor: the item (ti, bi) whose loads go out next, ki its index in this warp's sequence.
+    int ti = t0, bi = 0, ki = 0;
+    TileRows<R> src;
+    src.point(qw, sc, zp, ti, rows, chunks, groups);
+    // Issues item ki into stage st (nothing past the warp's last item), commits one group either way. Called only
+    // from fully unrolled loops, so st is a constant and s[st], z[st] stay in registers.
+    auto issue = [&](int st) {
+        if (ki < my_items) {
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                const int c = lane + 32 * (bi * U + u);
+                if (c < chunks) {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) {
+                        cp_async16(slot_addr(st, u, r), src.w[r] + c);
+                        s[st][u][r] = __ldg(src.s[r] + (c >> cpg_shift));
+                        z[st][u][r] = __ldg(src.z[r] + (c >> cpg_shift));
+                    }
+                }
+            }
+            ++ki;
+            if (++bi == batches) {
+                bi = 0;
+                ti += stride;
+                src.point(qw, sc, zp, ti, rows, chunks, groups);
+            }
+        }
+        cp_async_commit();
+    };
+#pragma unroll
+    for (int st = 0; st < S - 1; ++st) issue(st);
+    pdl_trigger();
+    pdl_wait();
+
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    for (int i = threadIdx.x; i < chunks * 4; i += W * 32) xs[(i & 3) * chunks + (i >> 2)] = xv[i];
+    __syncthreads();
+
+    // Consume cursor: item k = (t, b) sits in stage k % S.
+    int t = t0, b = 0;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    auto consume = [&](int st) {
+        cp_async_wait<S - 2>();  // item k (committed S - 1 groups ago) has landed
+        issue((st + S - 1) % S);  // item k + S - 1 into the stage of item k - 1
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int c = lane + 32 * (b * U + u);
+            if (c < chunks) {
+                uint4 xr[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j) xr[j] = xs[j * chunks + c];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    const uint4 q = ring[((st * U + u) * R + r) * 32 + lane];
+                    acc[r] = chunk_dot(q, s[st][u][r], z[st][u][r], xr, acc[r]);
+                }
+            }
+        }
+        if (++b == batches) {  // tile t is complete (warp-uniform)
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const float sum = warp_sum(acc[r]);
+                if (lane == 0 && t * R + r < rows) y[t * R + r] = sum;
+                acc[r] = 0.0f;
+            }
+            b = 0;
+            t += stride;
+        }
+    };
+    for (int k = 0; k < my_items; k += S) {
+        // S items per pass so that every stage index is a compile-time constant (registers, not local memory).
+#pragma unroll
+        for (int st = 0; st < S; ++st)
+            if (k + st < my_items) consume(st);
+    }
+    cp_async_wait<0>();  // no copy outstanding at exit (all were consumed; empty groups only)
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
 // Launchers and the variant table
 
 // log2(group / 32): chunks per group as a shift.
@@ -341,6 +471,16 @@ void launch_legacy(float* y, const Int4View& M, const __half* x, cudaStream_t st
 
 constexpr int kStreamMaxSmem = 48 * 1024;  // x in shared memory without opting in to more
 
+// Blocks of W warps for `tiles` tiles with at most wps warps per SM, every warp getting the same number of tiles
+// (give or take one): fewer warps when that does not add a round.
+int persistent_blocks(int tiles, int W, int wps) {
+    const int64_t max_warps = static_cast<int64_t>(sm_count()) * wps;
+    int warps = static_cast<int>(tiles < max_warps ? tiles : max_warps);
+    const int per_warp = ceil_div(tiles, warps);
+    warps = ceil_div(tiles, per_warp);
+    return ceil_div(warps, W);
+}
+
 template <int R, int U, int W, int WPS, int MINW = 16>
 void launch_stream(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
     const size_t smem = static_cast<size_t>(M.cols) * sizeof(__half);
@@ -348,13 +488,25 @@ void launch_stream(float* y, const Int4View& M, const __half* x, cudaStream_t st
         launch_legacy<2, 4, 8, 1>(y, M, x, stream);
         return;
     }
-    const int tiles = ceil_div(M.rows, R);
-    const int64_t max_warps = static_cast<int64_t>(sm_count()) * WPS;
-    int warps = static_cast<int>(tiles < max_warps ? tiles : max_warps);
-    const int per_warp = ceil_div(tiles, warps);
-    warps = ceil_div(tiles, per_warp);  // same tiles per warp (give or take one), fewer warps if that allows
-    launch_pdl(gemv_int4_stream_kernel<R, U, W, WPS, MINW>, dim3(ceil_div(warps, W)), dim3(W * 32), smem, stream,
-               y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group));
+    launch_pdl(gemv_int4_stream_kernel<R, U, W, WPS, MINW>, dim3(persistent_blocks(ceil_div(M.rows, R), W, WPS)),
+               dim3(W * 32), smem, stream, y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group));
+}
+
+constexpr int kAsyncMaxSmem = 100 * 1024;  // per block: x + the warps' rings
+
+// P pipeline stages (P - 1 items in flight per warp), at most WPS warps per SM.
+template <int R, int U, int W, int P, int WPS>
+void launch_async(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
+    const size_t smem = static_cast<size_t>(M.cols) * sizeof(__half) + static_cast<size_t>(W) * P * U * R * 512;
+    if (smem > kAsyncMaxSmem) {
+        launch_stream<2, 4, 4, 16>(y, M, x, stream);
+        return;
+    }
+    const auto kernel = gemv_int4_async_kernel<R, U, W, P>;
+    if (smem > 48 * 1024)  // opt in (a host-side attribute of the function: no stream work, capture-safe)
+        CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    launch_pdl(kernel, dim3(persistent_blocks(ceil_div(M.rows, R), W, WPS)), dim3(W * 32), smem, stream, y,
+               M.qweight, M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group));
 }
 
 struct Int4Variant {
@@ -373,6 +525,9 @@ const Int4Variant kVariants[] = {
     {"stream R4 U2 W4 S16", launch_stream<4, 2, 4, 16>},   // half the x reads per code load
     {"stream R2 U8 W4 S8", launch_stream<2, 8, 4, 8, 8>},  // 8 KB per warp in flight, 8 warps/SM, ~200 registers
     {"stream R2 U4 W8 S64", launch_stream<2, 4, 8, 64>},   // not persistent: ~one tile per warp (x in smem only)
+    // "async R U W P<stages> S<warps per SM>": codes by cp.async into per-warp shared-memory rings.
+    {"async R2 U2 W4 P5 S8", launch_async<2, 2, 4, 5, 8>},    // 4 x 2 KB in flight per warp, 8 warps/SM
+    {"async R2 U2 W4 P4 S16", launch_async<2, 2, 4, 4, 16>},  // 3 x 2 KB in flight per warp, 16 warps/SM
     {"R1 U4 W8 KS1", launch_legacy<1, 4, 8, 1>},
     {"R4 U2 W8 KS1", launch_legacy<4, 2, 8, 1>},
     {"R2 U2 W8 KS2", launch_legacy<2, 2, 8, 2>},

@@ -34,6 +34,8 @@ void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream
 // The kernel variants gemv_int4() chooses from, for the micro-benchmark and the tests; gemv_int4() is variant 0.
 // "stream R U W S<n>": a persistent grid of at most n warps per SM, each warp streaming tiles of R rows with U
 // 16-byte loads per row per lane kept in flight across rows (W warps per block, x in shared memory).
+// "async R U W P<p> S<n>": the same tiling, the codes copied by cp.async into a per-warp ring of p stages in shared
+// memory (p - 1 items in flight without holding registers).
 // "R U W KS" (legacy, the default before the stream kernel): R rows per warp, U loads in flight per row, W warps
 // per block, KS warps splitting a row's columns. Same arithmetic for all (above); kernels/gemv_int4.cu has details.
 int gemv_int4_variant_count();
