@@ -311,14 +311,14 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
 
 // ---------------------------------------------------------------------------------------------------------------------
 // "async" variants: the stream kernel's tiling and (tile, batch) item order, but the codes travel by cp.async into a
-// per-warp ring of S stages in shared memory instead of registers, so the bytes in flight no longer cost 4
-// registers per 16 bytes: S - 1 items (U R 512 bytes each per warp) stay in flight while the warp multiplies the
+// per-warp ring of P stages in shared memory instead of registers, so the bytes in flight no longer cost 4
+// registers per 16 bytes: P - 1 items (U R 512 bytes each per warp) stay in flight while the warp multiplies the
 // oldest. Stage st of warp w holds, for lane l, slot (u, r) at ring[w][st][u][r][l] (16 bytes): each lane writes and
 // reads back only its own slots, so cp.async.wait_group (per thread) is the only synchronisation needed. A stage is
-// refilled one iteration after it was read (the refill of item k + S - 1 goes to the stage of item k - 1), so the
+// refilled one iteration after it was read (the refill of item k + P - 1 goes to the stage of item k - 1), so the
 // reads of a stage have completed (their values fed the previous iteration's multiplies) before it is overwritten.
-// The scales and zero points of the S stages are ordinary loads into registers (S U R x 2 registers). Shared memory
-// per block: cols * 2 (x, as in the stream kernel) + W S U R 512 bytes; the launcher opts in to more than 48 KB and
+// The scales and zero points of the P stages are ordinary loads into registers (P U R x 2 registers). Shared memory
+// per block: cols * 2 (x, as in the stream kernel) + W P U R 512 bytes; the launcher opts in to more than 48 KB and
 // falls back to the stream kernel beyond kAsyncMaxSmem.
 __device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gptr) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gptr) : "memory");
@@ -329,13 +329,13 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-template <int R, int U, int W, int S>
+template <int R, int U, int W, int P>
 __global__ void __launch_bounds__(W * 32, 16 / W)
     gemv_int4_async_kernel(float* __restrict__ y, const uint32_t* __restrict__ qw, const __half* __restrict__ sc,
                            const uint8_t* __restrict__ zp, const __half* __restrict__ x, int rows, int cols,
                            int cpg_shift) {
-    static_assert(S >= 2 && 16 % W == 0, "at least two stages; whole blocks per SM");
-    extern __shared__ uint4 smem[];  // x: [4][chunks] (as the stream kernel), then the rings: [W][S][U][R][32]
+    static_assert(P >= 2 && 16 % W == 0, "at least two stages; whole blocks per SM");
+    extern __shared__ uint4 smem[];  // x: [4][chunks] (as the stream kernel), then the rings: [W][P][U][R][32]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int chunks = cols >> 5, groups = chunks >> cpg_shift;
     const int tiles = (rows + R - 1) / R;
@@ -344,16 +344,16 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
     const int t0 = blockIdx.x * W + warp;
     const int my_items = t0 < tiles ? ((tiles - 1 - t0) / stride + 1) * batches : 0;
     uint4* xs = smem;
-    uint4* ring = smem + 4 * chunks + static_cast<size_t>(warp) * S * U * R * 32;
+    uint4* ring = smem + 4 * chunks + static_cast<size_t>(warp) * P * U * R * 32;
     // Shared-space address of slot (st, u, r) of this lane.
     const uint32_t ring_addr = static_cast<uint32_t>(__cvta_generic_to_shared(ring + lane));
     auto slot_addr = [&](int st, int u, int r) {
         return ring_addr + static_cast<uint32_t>(((st * U + u) * R + r) * 512);
     };
 
-    uint32_t s[S][U][R], z[S][U][R];
+    uint32_t s[P][U][R], z[P][U][R];
 #pragma unroll
-    for (int st = 0; st < S; ++st)
+    for (int st = 0; st < P; ++st)
 #pragma unroll
         for (int u = 0; u < U; ++u)
 #pragma unroll
@@ -389,7 +389,7 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
         cp_async_commit();
     };
 #pragma unroll
-    for (int st = 0; st < S - 1; ++st) issue(st);
+    for (int st = 0; st < P - 1; ++st) issue(st);
     pdl_trigger();
     pdl_wait();
 
@@ -397,14 +397,14 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
     for (int i = threadIdx.x; i < chunks * 4; i += W * 32) xs[(i & 3) * chunks + (i >> 2)] = xv[i];
     __syncthreads();
 
-    // Consume cursor: item k = (t, b) sits in stage k % S.
+    // Consume cursor: item k = (t, b) sits in stage k % P.
     int t = t0, b = 0;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     auto consume = [&](int st) {
-        cp_async_wait<S - 2>();  // item k (committed S - 1 groups ago) has landed
-        issue((st + S - 1) % S);  // item k + S - 1 into the stage of item k - 1
+        cp_async_wait<P - 2>();  // item k (committed P - 1 groups ago) has landed
+        issue((st + P - 1) % P);  // item k + P - 1 into the stage of item k - 1
 #pragma unroll
         for (int u = 0; u < U; ++u) {
             const int c = lane + 32 * (b * U + u);
@@ -430,10 +430,10 @@ __global__ void __launch_bounds__(W * 32, 16 / W)
             t += stride;
         }
     };
-    for (int k = 0; k < my_items; k += S) {
-        // S items per pass so that every stage index is a compile-time constant (registers, not local memory).
+    for (int k = 0; k < my_items; k += P) {
+        // P items per pass so that every stage index is a compile-time constant (registers, not local memory).
 #pragma unroll
-        for (int st = 0; st < S; ++st)
+        for (int st = 0; st < P; ++st)
             if (k + st < my_items) consume(st);
     }
     cp_async_wait<0>();  // no copy outstanding at exit (all were consumed; empty groups only)
