@@ -27,11 +27,17 @@ struct Int4View {
 
 // Batch-1 decode: y[rows] = dequant(W) x (fp16 x, fp32 output). Streams the codes once with 16-byte loads; issues
 // the first loads of its (immutable) weights before waiting on the previous kernel (programmatic dependent
-// launch). Requires a valid group, 16-byte aligned qweight and x.
+// launch). Requires a valid group, 16-byte aligned qweight and x. No allocation or synchronisation (graph-safe);
+// the default kernel copies x into cols * 2 bytes of (dynamic) shared memory per block.
 void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream);
 
-// The kernel variants gemv_int4() chooses from (rows per warp R, 16-byte loads in flight per row U, warps per
-// block W, warps splitting a row's columns KS), for the micro-benchmark and the tests; gemv_int4() is variant 0.
+// The kernel variants gemv_int4() chooses from, for the micro-benchmark and the tests; gemv_int4() is variant 0.
+// "stream R U W S<n>": a persistent grid of at most n warps per SM, each warp streaming tiles of R rows with U
+// 16-byte loads per row per lane kept in flight across rows (W warps per block, x in shared memory).
+// "async R U W P<p> S<n>": the same tiling, the codes copied by cp.async into a per-warp ring of p stages in shared
+// memory (p - 1 items in flight without holding registers).
+// "R U W KS" (legacy, the default before the stream kernel): R rows per warp, U loads in flight per row, W warps
+// per block, KS warps splitting a row's columns. Same arithmetic for all (above); kernels/gemv_int4.cu has details.
 int gemv_int4_variant_count();
 const char* gemv_int4_variant_name(int v);
 void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cudaStream_t stream);

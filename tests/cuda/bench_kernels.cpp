@@ -113,26 +113,25 @@ void bench_gemv_int4() {
             return Int4View{q.get() + words * c, sc.get() + groups * c, z.get() + groups * c, s.rows, s.cols, group};
         };
         const double bytes = packed + s.cols * 2.0 + s.rows * 4.0;
-        const double t = time_ms([&](int i) {
-            const int c = i % copies;
-            gemv_int4(y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
-        });
-        report(std::string("gemv int4 g128 ") + s.name, t, bytes);
-        // 16 launches back to back (as in the decode graph: each one's weight loads start under the previous one's
-        // tail, programmatic dependent launch), time per launch.
-        const double tb = time_ms([&](int i) {
-            for (int k = 0; k < 16; ++k) {
-                const int c = (i * 16 + k) % copies;
-                gemv_int4(y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
-            }
-        }) / 16;
-        report(std::string("gemv int4 g128 x16 ") + s.name, tb, bytes);
-        for (int v = 1; v < gemv_int4_variant_count(); ++v) {
+        // Every variant (0 is gemv_int4's default), isolated launches, then 16 launches back to back (as in the
+        // decode graph: each one's weight loads start under the previous one's tail, programmatic dependent
+        // launch), time per launch.
+        for (int v = 0; v < gemv_int4_variant_count(); ++v) {
+            const std::string name = std::string(v == 0 ? "gemv int4 g128 [" : "  int4 variant [") +
+                                     gemv_int4_variant_name(v) + "] " + s.name;
             const double tv = time_ms([&](int i) {
                 const int c = i % copies;
                 gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
             });
-            report(std::string("  int4 variant ") + gemv_int4_variant_name(v) + " " + s.name, tv, bytes);
+            report(name, tv, bytes);
+            const double tb = time_ms([&](int i) {
+                for (int k = 0; k < 16; ++k) {
+                    const int c = (i * 16 + k) % copies;
+                    gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols,
+                                      nullptr);
+                }
+            }) / 16;
+            report(name + " x16", tb, bytes);
         }
         const double td = time_ms([&](int i) { dequantize_int4_to_half(out.get(), view(i % copies), nullptr); });
         report(std::string("dequant int4->fp16 ") + s.name, td, packed + size_t(s.rows) * s.cols * 2.0);

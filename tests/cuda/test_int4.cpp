@@ -125,13 +125,25 @@ TEST(CudaInt4, GemvAtLlama7BShapes) {
                21);
 }
 
-// Odd sizes: one row, rows that do not fill a block, one chunk per row, one group per row, column segments longer
-// than the row (KS > 1 variants with empty segments). Small enough for compute-sanitizer.
+// Odd sizes: one row, rows that do not fill a block or a tile (rows % 4 != 0 for the R = 2 / 4 rows-per-tile
+// variants), one chunk per row, one group per row, column segments longer than the row (KS > 1 variants with empty
+// segments), rows whose chunks do not fill the 32 lanes (384 and 640 columns: 12 and 20 chunks; 11008: 344 chunks,
+// a last batch with idle lanes and, for U = 4, an empty slot). Small enough for compute-sanitizer.
 TEST(CudaInt4, GemvAtOddSizes) {
     QUEST_REQUIRE_GPU();
     check_gemv({{1, 32, 32}, {37, 96, 32}, {5, 160, 32}, {3, 11008, 64}, {64, 512, 512}, {333, 1024, 256},
-                {17, 64, 64}, {129, 11008, 128}, {2, 64, 32}},
+                {17, 64, 64}, {129, 11008, 128}, {2, 64, 32}, {7, 384, 128}, {45, 640, 64}, {1, 11008, 128},
+                {6, 2048, 1024}, {3, 4096, 4096}},
                25);
+}
+
+// The stream / async variants run a grid of at most 8-16 warps per SM that each take several tiles (R rows) in
+// turn, with the next tile's loads issued while the current one is multiplied; on a 132-SM H200 these shapes give
+// the warps two or more tiles each (rows / R > 132 * 16 for R = 2; R = 4 gets there with 9001 rows, and all
+// variants with 8 warps per SM with 5003), with a partial last tile and idle lanes in the last batch.
+TEST(CudaInt4, GemvWithManyTilesPerWarp) {
+    QUEST_REQUIRE_GPU();
+    check_gemv({{9001, 384, 128}, {5003, 640, 32}, {4403, 4096, 128}, {4501, 11008, 128}}, 26);
 }
 
 // Llama-2's "massive activations": a few input channels in the thousands (the down projection's input). The fp16
@@ -151,9 +163,16 @@ TEST(CudaInt4, GemvWithMassiveActivations) {
     DeviceBuffer<float> y(rows);
     y.fill_bytes(0xFF);
     gemv_int4(y.get(), dW.view, dx.get(), nullptr);
-    const auto got = y.download();
+    auto got = y.download();
     EXPECT_TRUE(all_finite(got));
     EXPECT_LE(rel_err(got, want), kGemvTol);
+    for (int v = 0; v < gemv_int4_variant_count(); ++v) {
+        y.fill_bytes(0xFF);
+        gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+        got = y.download();
+        EXPECT_TRUE(all_finite(got)) << gemv_int4_variant_name(v);
+        EXPECT_LE(rel_err(got, want), kGemvTol) << gemv_int4_variant_name(v);
+    }
 }
 
 // The prefill's dequantization gives float_to_half of the exact (q - z) * s, bit for bit.
@@ -193,29 +212,39 @@ TEST(CudaInt4, GemvInsideAGraphAfterAProducerKernel) {
     DeviceBuffer<float> y(rows);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));  // a blocking stream: ordered after the uploads and fills below
-    rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);  // warm-up outside the capture
-    gemv_int4(y.get(), dW.view, xn.get(), s);
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);
-    gemv_int4(y.get(), dW.view, xn.get(), s);
-    CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    for (int replay = 0; replay < 4; ++replay) {
-        const auto x = random_floats(g, cols, 1.0f + replay);
-        x32.upload(x);
-        y.fill_bytes(0xFF);
-        CUDA_CHECK(cudaGraphLaunch(exec, s));
-        CUDA_CHECK(cudaStreamSynchronize(s));
-        std::vector<float> xr(cols), want(rows);
-        rms_norm_ref(xr.data(), x.data(), norm_w.data(), cols, 1e-5f);
-        to_half(xr);
-        matvec_int4_ref(want.data(), m, xr.data());
-        EXPECT_LE(rel_err(y.download(), want), kGemvTol) << "replay " << replay;
+    // gemv_int4 (v = -1), then every variant: each issues its first weight loads before the wait.
+    for (int v = -1; v < gemv_int4_variant_count(); ++v) {
+        SCOPED_TRACE(v < 0 ? std::string("gemv_int4") : std::string(gemv_int4_variant_name(v)));
+        auto gemv = [&] {
+            if (v < 0)
+                gemv_int4(y.get(), dW.view, xn.get(), s);
+            else
+                gemv_int4_variant(v, y.get(), dW.view, xn.get(), s);
+        };
+        rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);  // warm-up outside the capture
+        gemv();
+        cudaGraph_t graph;
+        cudaGraphExec_t exec;
+        CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);
+        gemv();
+        CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+        CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        for (int replay = 0; replay < 4; ++replay) {
+            const auto x = random_floats(g, cols, 1.0f + replay);
+            x32.upload(x);
+            y.fill_bytes(0xFF);
+            CUDA_CHECK(cudaGraphLaunch(exec, s));
+            CUDA_CHECK(cudaStreamSynchronize(s));
+            std::vector<float> xr(cols), want(rows);
+            rms_norm_ref(xr.data(), x.data(), norm_w.data(), cols, 1e-5f);
+            to_half(xr);
+            matvec_int4_ref(want.data(), m, xr.data());
+            EXPECT_LE(rel_err(y.download(), want), kGemvTol) << "replay " << replay;
+        }
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
     }
-    cudaGraphExecDestroy(exec);
-    cudaGraphDestroy(graph);
     cudaStreamDestroy(s);
 }
 
