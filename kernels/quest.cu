@@ -125,6 +125,14 @@ __device__ __forceinline__ uint32_t float_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// A score load through L2 (ld.global.cg), ordered by the compiler with the fences and barriers around it (volatile,
+// memory clobber; the __ldcg intrinsic's asm is neither): the fused kernel reads scores other blocks wrote.
+__device__ __forceinline__ float ld_score(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
+    return r;
+}
+
 // Exclusive prefix sum over the block (THREADS threads) in thread order; `total` gets the block sum.
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& total) {
@@ -186,7 +194,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 #pragma unroll
         for (int u = 0; u < kTopkUnroll; ++u) {
             const int i = base + u * THREADS + tid;
-            key[u] = i < n ? float_key(__ldcg(in + i)) : 0u;
+            key[u] = i < n ? float_key(ld_score(in + i)) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < kTopkUnroll; ++u) {
@@ -238,7 +246,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 #pragma unroll
                 for (int u = 0; u < kTopkUnroll; ++u) {
                     const int i = base + u * THREADS + tid;
-                    key[u] = i < n ? (s_cache ? s_cache[i] : float_key(__ldcg(in + i))) : 0u;
+                    key[u] = i < n ? (s_cache ? s_cache[i] : float_key(ld_score(in + i))) : 0u;
                 }
 #pragma unroll
                 for (int u = 0; u < kTopkUnroll; ++u) {
@@ -300,7 +308,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
         uint32_t key[kTopkPerThread];
 #pragma unroll
         for (int e = 0; e < kTopkPerThread; ++e)
-            key[e] = i0 + e < n ? (s_cache ? s_cache[i0 + e] : float_key(__ldcg(in + i0 + e))) & pmask : 0u;
+            key[e] = i0 + e < n ? (s_cache ? s_cache[i0 + e] : float_key(ld_score(in + i0 + e))) & pmask : 0u;
         int flag[kTopkPerThread];  // 2: greater, 1: equal, 0: neither
         int cgt = 0, ceq = 0;
 #pragma unroll
