@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -469,7 +470,9 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         p0 = item / num_kv_heads * kScoreTile;
         np = min(kScoreTile, n - p0);
     };
-    auto issue = [&](int s) {
+    // Stage s into its ring slot with cp.async: the pieces of the rows (pages) p0 + r < limit, zero-fill for the rows
+    // beyond the tile (r >= np); rows np > r with p0 + r >= limit are skipped (load_late fills them).
+    auto issue = [&](int s, int limit) {
         int kvh, p0, np;
         item_of(s, kvh, p0, np);
         const int ch = s % NCH;
@@ -481,39 +484,45 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
             const int l = tid + i * kScoreThreads;
             const int r = l / CPR, c = l % CPR;
             const bool ok = r < np;
+            if (ok && p0 + r >= limit) continue;
             const size_t src = meta0 + static_cast<size_t>(ok ? r : 0) * D + c * 8;
             const int dst = r * CH + swz<CPR>(r, c) * 8;
             cp_async16(dmin + dst, kmin + src, ok ? 16 : 0);
             cp_async16(dmax + dst, kmax + src, ok ? 16 : 0);
         }
     };
-
-    // Prologue: the first STAGES - 1 stages. Those of a tile reaching page P - 2 (the last tile of a head) wait for
-    // pdl_wait and are then awaited whole (an extra group, so that the ring's group count stays right).
-    auto early = [&](int s) {
+    // The rows issue(s, limit) skipped, with plain loads and shared stores (visible after the barrier that precedes
+    // the stage's use).
+    auto load_late = [&](int s, int limit) {
         int kvh, p0, np;
         item_of(s, kvh, p0, np);
-        return p0 + np <= P - 2;  // pages p0 .. p0 + np - 1 < P - 2
+        const int ch = s % NCH;
+        __half* dmin = s_ring + (s % STAGES) * 2 * C::STAGE_HALVES;
+        __half* dmax = dmin + C::STAGE_HALVES;
+        const size_t meta0 = (static_cast<size_t>(kvh) * max_pages + p0) * D + ch * CH;
+#pragma unroll
+        for (int i = 0; i < kScoreTile * CPR / kScoreThreads; ++i) {
+            const int l = tid + i * kScoreThreads;
+            const int r = l / CPR, c = l % CPR;
+            if (r < np && p0 + r >= limit) {
+                const size_t src = meta0 + static_cast<size_t>(r) * D + c * 8;
+                const int dst = r * CH + swz<CPR>(r, c) * 8;
+                *reinterpret_cast<uint4*>(dmin + dst) = *reinterpret_cast<const uint4*>(kmin + src);
+                *reinterpret_cast<uint4*>(dmax + dst) = *reinterpret_cast<const uint4*>(kmax + src);
+            }
+        }
     };
-    bool deferred = false;
+
+    // Prologue: the first STAGES - 1 stages, issued before pdl_wait except the rows of pages >= P - 2, loaded after.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) {
-            if (early(s))
-                issue(s);
-            else
-                deferred = true;
-        }
+        if (s < total) issue(s, P - 2);
         cp_async_commit();
     }
     pdl_wait();  // q, the last pages' metadata, and the buffers this kernel writes
-    if (deferred) {
 #pragma unroll
-        for (int s = 0; s < STAGES - 1; ++s)
-            if (s < total && !early(s)) issue(s);
-        cp_async_commit();
-        cp_async_wait<0>();
-    }
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < total) load_late(s, P - 2);
     const int tiles = (n + kScoreTile - 1) / kScoreTile;  // items per KV head (and head batch loop)
     float acc[GT] = {};
     float agg = 0.0f;  // KvMax / KvSum aggregate of this thread's page over the item's head batches
@@ -526,7 +535,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         const int qbuf = (s / NCH) & 1;                 // this head batch's q (double-buffered across batches)
         float* sq = s_q + qbuf * C::Q_FLOATS;
         uint32_t* smask = s_mask + qbuf * C::MASK_WORDS;
-        if (s + STAGES - 1 < total) issue(s + STAGES - 1);
+        if (s + STAGES - 1 < total) issue(s + STAGES - 1, INT_MAX);
         cp_async_commit();
         if (ch == 0) {
             // q in fp32, and per channel pair a mask selecting kmax's half where q >= 0 and kmin's where q < 0.
@@ -619,7 +628,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
                     __syncthreads();  // the ring is free again: refetch the stages in flight
 #pragma unroll
                     for (int s2 = s + 1; s2 < s + STAGES; ++s2) {
-                        if (s2 < total) issue(s2);
+                        if (s2 < total) issue(s2, INT_MAX);
                         cp_async_commit();
                     }
                 }
