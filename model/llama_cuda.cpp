@@ -605,8 +605,10 @@ void CudaLlama::enqueue_decode_step() {
         rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
         mark("rope + kv append");
         if (quest_.quest_layer(l)) {
+            QuestDecodeOptions qopts;
+            qopts.fused = opts_.quest_fused;
             quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
-                         scale, quest_ws_, stream_);
+                         scale, quest_ws_, stream_, qopts);
             mark("attention quest");
         } else {
             attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
