@@ -80,11 +80,15 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
 // selection of quest_top_k with score_stride = kv.max_pages, written to selected with the same contents (identical
 // pages; the same entries written, dense steps included). The block that scores the last tile of a KV head runs the
 // radix select of that head's rows (the other blocks go on scoring), so the top-k overlaps the scoring and costs
-// no launch. tickets: [num_kv_heads] ints, zero before the launch and left zero (QuestWorkspace::counters +
-// num_heads). scores is scratch here (rows x kv.max_pages floats, written then read by the same grid).
-// Metadata of pages < P - 2 is prefetched before pdl_wait: the kernel before this one (rope_append_kv) may write
-// only q, the current token's K/V and the metadata of its page P - 1, and must not trigger its dependents before
-// its own pdl_wait.
+// no launch. The select runs on the block's 128 threads with the keys in the block's cp.async ring (up to
+// ring / 4 - 2048 candidates: 22,528 for head_dim 64 .. 256, 1,024 for head_dim 8); longer rows re-read the keys
+// from L2 each pass (correct, slower). tickets: [num_kv_heads] ints, zero before the launch and left zero
+// (QuestWorkspace::counters + num_heads). scores is scratch here (rows x kv.max_pages floats, written then read by
+// the same grid). Each block triggers the dependent launch (pdl_trigger) once its scoring is done, so the attention
+// kernel's blocks are resident, waiting in pdl_wait, while the last selections finish.
+// Metadata of pages < P - 2 is prefetched before pdl_wait (as in quest_page_scores): the kernel before this one
+// (rope_append_kv) may write only q, the current token's K/V and the metadata of its page P - 1, and must not
+// trigger its dependents before its own pdl_wait.
 void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const __half* q, const KvLayerView& kv,
                              const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream);
 
