@@ -80,9 +80,9 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
 // selection of quest_top_k with score_stride = kv.max_pages, written to selected with the same contents (identical
 // pages; the same entries written, dense steps included). The block that scores the last tile of a KV head runs the
 // radix select of that head's rows (the other blocks go on scoring), so the top-k overlaps the scoring and costs
-// no launch. The select runs on the block's 128 threads with the keys in the block's cp.async ring (up to
-// ring / 4 - 2048 candidates: 22,528 for head_dim 64 .. 256, 1,024 for head_dim 8); longer rows re-read the keys
-// from L2 each pass (correct, slower). tickets: [num_kv_heads] ints, zero before the launch and left zero
+// no launch. The select runs on the block's 128 threads with the keys in the block's cp.async ring (up to ring
+// bytes / 4 - 2048 candidates: 22,528 at head_dim 64 and 128, 14,336 at 256, 1,024 at 8); longer rows re-read the
+// keys from L2 each pass (correct, slower). tickets: [num_kv_heads] ints, zero before the launch and left zero
 // (QuestWorkspace::counters + num_heads). scores is scratch here (rows x kv.max_pages floats, written then read by
 // the same grid). Each block triggers the dependent launch (pdl_trigger) once its scoring is done, so the attention
 // kernel's blocks are resident, waiting in pdl_wait, while the last selections finish.

@@ -761,7 +761,8 @@ TEST(QuestCuda, GraphReplayAtChangingLengths) {
             EXPECT_TRUE(w.counters_zero()) << "merge counters not reset";
         }
         std::printf("[graph %s %s] %d selection rows, %d near-tied, %d mismatched; worst attention rel_err %.3g\n",
-                    std::string(gqa_policy_name(pol)).c_str(), opts.fused ? "fused" : "unfused", st.rows, st.near_ties, st.mismatched, st.worst_attn);
+                    std::string(gqa_policy_name(pol)).c_str(), opts.fused ? "fused" : "unfused", st.rows, st.near_ties,
+                    st.mismatched, st.worst_attn);
         CUDA_CHECK(cudaGraphExecDestroy(exec));
         CUDA_CHECK(cudaGraphDestroy(graph));
         CUDA_CHECK(cudaStreamDestroy(stream));
