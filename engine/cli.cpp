@@ -47,6 +47,7 @@ struct ModelFlags {
     std::optional<std::string> selector;
     bool full_attention = false;
     bool no_graph = false;
+    bool quest_unfused = false;
     bool profile = false;
     std::string memory_limit;  // --memory-limit: "" = what the device (or host) has free
 
@@ -65,6 +66,8 @@ struct ModelFlags {
                                                "oracle (true attention mass; evaluation only, CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
+        app.add_flag("--quest-unfused", quest_unfused,
+                     "cuda: Quest layers launch page scoring and top-k separately (default: one fused launch)");
         app.add_option("--memory-limit", memory_limit,
                        "memory the backend may plan for, e.g. 24GiB or 512MiB (cuda: device memory, default what is "
                        "free; cpu: host memory, default what is available)");
@@ -76,6 +79,7 @@ struct ModelFlags {
         o.capacity = capacity;
         o.quest = quest_settings();
         o.cuda_graph = !no_graph;
+        o.quest_fused = !quest_unfused;
         o.profile = profile;
         o.memory_limit = memory_limit.empty() ? 0 : parse_byte_size(memory_limit, "--memory-limit");
         return o;

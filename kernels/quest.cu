@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -96,6 +97,280 @@ void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
+// 2. Top-k (defined first: the fused scoring kernel of section 1 runs the same select in its tail)
+//
+// One block (512 threads) per selection row; an exact radix select on the order-preserving uint32 image of the
+// scores. A first pass loads the keys (into shared memory when the row has at most kTopkCacheMax candidates; beyond,
+// later passes re-read them from global memory / L2) and reduces their min and max: the bits above the highest bit
+// where min and max differ are common to every key, so the digit passes start there, 11 bits at a time, with a
+// 2048-bin shared histogram of the keys that match the digits chosen so far (one atomic per key; a warp whose keys
+// all fall in one bin, e.g. exact ties, adds once). A pass stops the search early when the bin holding the
+// K-1-th largest key is taken whole (usually after the first pass). Then, with the threshold T (masked to the
+// resolved bits) and `need` = how many keys equal to T to take, a stable compaction in index order writes every key
+// > T and the first `need` keys == T (lowest page ids) at their ascending-order positions (an exclusive block scan of
+// packed (greater, equal) counts). No page cap.
+// ---------------------------------------------------------------------------------------------------------------------
+#ifndef QUEST_TOPK_MATCH
+#define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
+#endif
+constexpr int kTopkThreads = 512;
+constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkBins = 2048;
+constexpr int kTopkCacheMax = 32768;  // keys cached in dynamic shared memory (128 KB)
+constexpr int kTopkUnroll = 8;        // independent key loads in flight per thread
+constexpr int kTopkPerThread = 4;     // compaction: contiguous keys per thread per round
+
+__device__ __forceinline__ uint32_t float_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    if (f == 0.0f) u = 0u;  // -0 ties with +0, as in the reference's comparisons
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+// A score load through L2 (ld.global.cg), ordered by the compiler with the fences and barriers around it (volatile,
+// memory clobber; the __ldcg intrinsic's asm is neither): the fused kernel reads scores other blocks wrote.
+__device__ __forceinline__ float ld_score(const float* p) {
+    float r;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
+    return r;
+}
+
+// Exclusive prefix sum over the block (THREADS threads) in thread order; `total` gets the block sum.
+template <int THREADS>
+__device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& total) {
+    constexpr int WARPS = THREADS / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) s_warp[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int w = lane < WARPS ? s_warp[lane] : 0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < WARPS) s_warp[lane] = w;
+    }
+    __syncthreads();
+    const int before = (warp ? s_warp[warp - 1] : 0) + x - v;
+    total = s_warp[WARPS - 1];
+    __syncthreads();  // s_warp is free for the next scan
+    return before;
+}
+
+// Shared memory of one block's radix select (see topk_select_row).
+struct TopkSmem {
+    uint32_t* cache;  // [n] keys, or nullptr: every pass re-reads the scores from global memory (L2)
+    int* hist;        // [kTopkBins]
+    int* warp;        // [32]
+    uint32_t* mn;     // [THREADS / 32]
+    uint32_t* mx;     // [THREADS / 32]
+    int* digit;       // [1]
+    int* above;       // [1]
+};
+
+// One selection row, the whole block (THREADS threads) cooperating: writes out[0 .. k) = the indices of the k largest
+// of in[0 .. n) (ties: lower index), ascending. Requires 1 <= k < n. The scores are read with ld.global.cg (L2, never
+// the non-coherent read-only path), so they may have been written by other blocks of the same grid (after a fence).
+// Ends with a block barrier: the shared memory may be reused at once.
+template <int THREADS>
+__device__ void topk_select_row(int* __restrict__ out, const float* in, int n, int k, const TopkSmem& sm) {
+    constexpr int WARPS = THREADS / 32;
+    constexpr int BINS_PER_THREAD = kTopkBins / THREADS;
+    static_assert(kTopkBins % THREADS == 0 && WARPS <= 32, "block size");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    uint32_t* const s_cache = sm.cache;
+    int* const s_hist = sm.hist;
+
+    // Keys (cached), and their min and max.
+    uint32_t kmn = 0xFFFFFFFFu, kmx = 0u;
+#pragma unroll 1
+    for (int base = 0; base < n; base += THREADS * kTopkUnroll) {
+        uint32_t key[kTopkUnroll];
+#pragma unroll
+        for (int u = 0; u < kTopkUnroll; ++u) {
+            const int i = base + u * THREADS + tid;
+            key[u] = i < n ? float_key(ld_score(in + i)) : 0u;
+        }
+#pragma unroll
+        for (int u = 0; u < kTopkUnroll; ++u) {
+            const int i = base + u * THREADS + tid;
+            if (i < n) {
+                if (s_cache) s_cache[i] = key[u];
+                kmn = min(kmn, key[u]);
+                kmx = max(kmx, key[u]);
+            }
+        }
+    }
+    kmn = __reduce_min_sync(0xffffffffu, kmn);
+    kmx = __reduce_max_sync(0xffffffffu, kmx);
+    if (lane == 0) {
+        sm.mn[warp] = kmn;
+        sm.mx[warp] = kmx;
+    }
+    __syncthreads();
+    kmn = sm.mn[0];
+    kmx = sm.mx[0];
+#pragma unroll
+    for (int w = 1; w < WARPS; ++w) {
+        kmn = min(kmn, sm.mn[w]);
+        kmx = max(kmx, sm.mx[w]);
+    }
+
+    // Radix select over the bits below the common prefix. Invariant: the top k keys are the keys whose masked value
+    // (key & pmask) is > prefix, plus krem of those whose masked value == prefix.
+    uint32_t prefix, pmask;
+    int krem = k;
+    const uint32_t diff = kmn ^ kmx;
+    if (diff == 0u) {  // every key is equal
+        prefix = kmx;
+        pmask = 0xFFFFFFFFu;
+    } else {
+        const int hb = 31 - __clz(diff);  // highest bit where keys differ
+        pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
+        prefix = kmx & pmask;
+        int lo = hb + 1;  // bits [lo, 32) are resolved
+#pragma unroll 1
+        while (lo > 0) {
+            const int width = min(11, lo), shift = lo - width;
+            const uint32_t dmask = (1u << width) - 1u;
+            for (int i = tid; i < kTopkBins; i += THREADS) s_hist[i] = 0;
+            __syncthreads();
+#pragma unroll 1
+            for (int base = 0; base < n; base += THREADS * kTopkUnroll) {
+                uint32_t key[kTopkUnroll];
+#pragma unroll
+                for (int u = 0; u < kTopkUnroll; ++u) {
+                    const int i = base + u * THREADS + tid;
+                    key[u] = i < n ? (s_cache ? s_cache[i] : float_key(ld_score(in + i))) : 0u;
+                }
+#pragma unroll
+                for (int u = 0; u < kTopkUnroll; ++u) {
+                    const int i = base + u * THREADS + tid;
+                    const int bin = (i < n && (key[u] & pmask) == prefix) ? static_cast<int>((key[u] >> shift) & dmask)
+                                                                          : -1;
+#if QUEST_TOPK_MATCH
+                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
+#else
+                    // A warp whose keys all fall in one bin (ties) adds once; otherwise one atomic per key.
+                    const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
+                    if (__all_sync(0xffffffffu, bin == bin0)) {
+                        if (lane == 0 && bin0 >= 0) atomicAdd(&s_hist[bin0], 32);
+                    } else if (bin >= 0) {
+                        atomicAdd(&s_hist[bin], 1);
+                    }
+#endif
+                }
+            }
+            __syncthreads();
+            // Thread t owns bins kTopkBins-1-BPT*t .. kTopkBins-BPT-BPT*t (descending): a scan in thread order counts
+            // the keys in higher bins.
+            int c[BINS_PER_THREAD], sum = 0;
+#pragma unroll
+            for (int j = 0; j < BINS_PER_THREAD; ++j) {
+                c[j] = s_hist[kTopkBins - 1 - BINS_PER_THREAD * tid - j];
+                sum += c[j];
+            }
+            int total;
+            int above = block_exclusive_scan<THREADS>(sum, sm.warp, total);
+#pragma unroll
+            for (int j = 0; j < BINS_PER_THREAD; ++j) {
+                if (above < krem && above + c[j] >= krem) {
+                    *sm.digit = kTopkBins - 1 - BINS_PER_THREAD * tid - j;
+                    *sm.above = above;
+                }
+                above += c[j];
+            }
+            __syncthreads();
+            const int d = *sm.digit;
+            const int in_bin = s_hist[d];
+            prefix |= static_cast<uint32_t>(d) << shift;
+            pmask |= dmask << shift;
+            krem -= *sm.above;
+            lo = shift;
+            __syncthreads();            // digit / above / hist are rewritten by the next pass
+            if (in_bin == krem) break;  // the whole bin is taken: the masked comparison decides every key
+        }
+    }
+    const uint32_t T = prefix;
+    const int need = krem;  // masked keys == T to take (the lowest indices); masked keys > T: k - need
+
+    // Stable compaction in index order: position of a selected key = (#greater before) + min(#equal before, need).
+    int gt_run = 0, eq_run = 0;
+#pragma unroll 1
+    for (int base = 0; base < n; base += THREADS * kTopkPerThread) {
+        const int i0 = base + tid * kTopkPerThread;
+        uint32_t key[kTopkPerThread];
+#pragma unroll
+        for (int e = 0; e < kTopkPerThread; ++e)
+            key[e] = i0 + e < n ? (s_cache ? s_cache[i0 + e] : float_key(ld_score(in + i0 + e))) & pmask : 0u;
+        int flag[kTopkPerThread];  // 2: greater, 1: equal, 0: neither
+        int cgt = 0, ceq = 0;
+#pragma unroll
+        for (int e = 0; e < kTopkPerThread; ++e) {
+            flag[e] = i0 + e < n ? (key[e] > T ? 2 : (key[e] == T ? 1 : 0)) : 0;
+            cgt += flag[e] == 2;
+            ceq += flag[e] == 1;
+        }
+        int total;
+        // Each field <= THREADS * kTopkPerThread <= 2048.
+        const int ex = block_exclusive_scan<THREADS>(cgt | (ceq << 16), sm.warp, total);
+        int gt_before = gt_run + (ex & 0xffff);
+        int eq_before = eq_run + (ex >> 16);
+#pragma unroll
+        for (int e = 0; e < kTopkPerThread; ++e) {
+            if (flag[e] == 2) {
+                out[gt_before + min(eq_before, need)] = i0 + e;
+                ++gt_before;
+            } else if (flag[e] == 1) {
+                if (eq_before < need) out[gt_before + eq_before] = i0 + e;
+                ++eq_before;
+            }
+        }
+        gt_run += total & 0xffff;
+        eq_run += total >> 16;
+        if (gt_run + min(eq_run, need) >= k) break;  // uniform: every selected key is written
+    }
+    __syncthreads();  // the shared memory is free
+}
+
+__global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
+                                                             const float* __restrict__ scores, int score_stride,
+                                                             const int* __restrict__ d_pos, int page_size_log2,
+                                                             int page_budget, int cache) {
+    extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
+    __shared__ int s_hist[kTopkBins];
+    __shared__ int s_warp[32];
+    __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
+    __shared__ int s_digit, s_above;
+
+    pdl_wait();
+    const int tid = threadIdx.x;
+    int* out = selected + static_cast<size_t>(blockIdx.x) * page_budget;
+    const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
+    const int len = *d_pos + 1;
+    if (len < 1) return;
+    const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
+    if (P <= page_budget) {  // dense step: every page
+        for (int i = tid; i < P; i += kTopkThreads) out[i] = i;
+        return;
+    }
+    const int n = P - 1;            // candidates
+    const int k = page_budget - 1;  // to select among them (k < n)
+    if (n > score_stride) return;   // outside the scores' capacity: write nothing
+    if (tid == 0) out[k] = P - 1;
+    if (k == 0) return;
+    const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, &s_digit, &s_above};
+    topk_select_row<kTopkThreads>(out, in, n, k, sm);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
 // 1. Page scores
 //
 // Work item = a tile of 128 candidate pages of one KV head (and, for groups of more than 8 query heads, one batch of 8
@@ -134,11 +409,17 @@ struct ScoreCfg {
     static constexpr int SMEM_BYTES = RING_BYTES + 2 * (Q_FLOATS + MASK_WORDS) * 4;
 };
 
-template <int D, int GT>
+// FUSED: also the top-k (section 2) of every selection row, in the tail of the scoring: per KV head a ticket counter
+// (tickets[kvh], zero before the launch) counts the finished items of that head; the block finishing its last item
+// publishes (fence + ticket), and the block that draws the last ticket resets the counter, drains its cp.async ring,
+// runs topk_select_row for the head's rows (1 for KvMax/KvSum, G for PerHead) with the ring as shared memory (the
+// 2048-bin histogram, then the keys when they fit), writes selected[row][0 .. K) as quest_top_k does, and refills
+// its ring to go on with its next item. Dense steps write selected[row][i] = i (i < P) for every row.
+template <int D, int GT, bool FUSED>
 __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
-    float* __restrict__ scores, const __half* __restrict__ q, const __half* __restrict__ kmin,
-    const __half* __restrict__ kmax, const int* __restrict__ d_pos, int num_heads, int num_kv_heads, int max_pages,
-    int page_size_log2, int page_budget, int per_head, int kv_sum) {
+    float* __restrict__ scores, int* __restrict__ selected, int* __restrict__ tickets, const __half* __restrict__ q,
+    const __half* __restrict__ kmin, const __half* __restrict__ kmax, const int* __restrict__ d_pos, int num_heads,
+    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum) {
     using C = ScoreCfg<D, GT>;
     constexpr int CH = C::CH, CPR = C::CPR, NCH = C::NCH;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -147,12 +428,32 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     float* s_q = reinterpret_cast<float*>(smem + C::RING_BYTES);             // [2][GT][D]
     uint32_t* s_mask = reinterpret_cast<uint32_t*>(s_q + 2 * C::Q_FLOATS);  // [2][GT][D / 2]
 
-    pdl_wait();  // q and the metadata come from the kernels before this one
+    __shared__ int s_twarp[32];  // fused top-k scratch (scan, min / max per warp, digit, ticket)
+    __shared__ uint32_t s_tmin[kScoreThreads / 32], s_tmax[kScoreThreads / 32];
+    __shared__ int s_tdigit, s_tabove, s_last;
+
+    // Before pdl_wait (overlapping the tail of the kernel before, rope_append_kv) this kernel reads only d_pos and
+    // the metadata of pages < P - 2: the position was set by an earlier step (the kernel before this one waited for
+    // everything before it, and it does not trigger its dependents early), and the current token's append updates
+    // only the metadata of its own page, P - 1; page P - 2 is excluded for margin. q, the last pages' metadata and
+    // every write come after the wait.
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
-    if (P <= page_budget) return;  // dense step: no selection, no scores
-    const int n = P - 1;           // candidates: the complete pages
     const int tid = threadIdx.x;
+    if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
+        if constexpr (FUSED) {
+            pdl_wait();
+            const int rows = per_head ? num_heads : num_kv_heads;
+            const long long cells = static_cast<long long>(rows) * P;
+            for (long long i = static_cast<long long>(blockIdx.x) * kScoreThreads + tid; i < cells;
+                 i += static_cast<long long>(gridDim.x) * kScoreThreads) {
+                const int r = static_cast<int>(i / P), p = static_cast<int>(i % P);
+                selected[static_cast<size_t>(r) * page_budget + p] = p;
+            }
+        }
+        return;
+    }
+    const int n = P - 1;  // candidates: the complete pages
     const int G = num_heads / num_kv_heads;
     const int nb = (G + GT - 1) / GT;  // head batches per item
     const int items = (n + kScoreTile - 1) / kScoreTile * num_kv_heads;
@@ -169,7 +470,9 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         p0 = item / num_kv_heads * kScoreTile;
         np = min(kScoreTile, n - p0);
     };
-    auto issue = [&](int s) {
+    // Stage s into its ring slot with cp.async: the pieces of the rows (pages) p0 + r < limit, zero-fill for the rows
+    // beyond the tile (r >= np); rows np > r with p0 + r >= limit are skipped (load_late fills them).
+    auto issue = [&](int s, int limit) {
         int kvh, p0, np;
         item_of(s, kvh, p0, np);
         const int ch = s % NCH;
@@ -181,18 +484,46 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
             const int l = tid + i * kScoreThreads;
             const int r = l / CPR, c = l % CPR;
             const bool ok = r < np;
+            if (ok && p0 + r >= limit) continue;
             const size_t src = meta0 + static_cast<size_t>(ok ? r : 0) * D + c * 8;
             const int dst = r * CH + swz<CPR>(r, c) * 8;
             cp_async16(dmin + dst, kmin + src, ok ? 16 : 0);
             cp_async16(dmax + dst, kmax + src, ok ? 16 : 0);
         }
     };
+    // The rows issue(s, limit) skipped, with plain loads and shared stores (visible after the barrier that precedes
+    // the stage's use).
+    auto load_late = [&](int s, int limit) {
+        int kvh, p0, np;
+        item_of(s, kvh, p0, np);
+        const int ch = s % NCH;
+        __half* dmin = s_ring + (s % STAGES) * 2 * C::STAGE_HALVES;
+        __half* dmax = dmin + C::STAGE_HALVES;
+        const size_t meta0 = (static_cast<size_t>(kvh) * max_pages + p0) * D + ch * CH;
+#pragma unroll
+        for (int i = 0; i < kScoreTile * CPR / kScoreThreads; ++i) {
+            const int l = tid + i * kScoreThreads;
+            const int r = l / CPR, c = l % CPR;
+            if (r < np && p0 + r >= limit) {
+                const size_t src = meta0 + static_cast<size_t>(r) * D + c * 8;
+                const int dst = r * CH + swz<CPR>(r, c) * 8;
+                *reinterpret_cast<uint4*>(dmin + dst) = *reinterpret_cast<const uint4*>(kmin + src);
+                *reinterpret_cast<uint4*>(dmax + dst) = *reinterpret_cast<const uint4*>(kmax + src);
+            }
+        }
+    };
 
+    // Prologue: the first STAGES - 1 stages, issued before pdl_wait except the rows of pages >= P - 2, loaded after.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) issue(s);
+        if (s < total) issue(s, P - 2);
         cp_async_commit();
     }
+    pdl_wait();  // q, the last pages' metadata, and the buffers this kernel writes
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; ++s)
+        if (s < total) load_late(s, P - 2);
+    const int tiles = (n + kScoreTile - 1) / kScoreTile;  // items per KV head (and head batch loop)
     float acc[GT] = {};
     float agg = 0.0f;  // KvMax / KvSum aggregate of this thread's page over the item's head batches
 #pragma unroll 1
@@ -204,7 +535,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         const int qbuf = (s / NCH) & 1;                 // this head batch's q (double-buffered across batches)
         float* sq = s_q + qbuf * C::Q_FLOATS;
         uint32_t* smask = s_mask + qbuf * C::MASK_WORDS;
-        if (s + STAGES - 1 < total) issue(s + STAGES - 1);
+        if (s + STAGES - 1 < total) issue(s + STAGES - 1, INT_MAX);
         cp_async_commit();
         if (ch == 0) {
             // q in fp32, and per channel pair a mask selecting kmax's half where q >= 0 and kmin's where q < 0.
@@ -265,245 +596,46 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
                 }
             }
         }
+        if constexpr (FUSED) {
+            if (rem == per_item - 1) {
+                __threadfence();                    // this item's scores, before its ticket
+                if (s == total - 1) pdl_trigger();  // scoring done here: the attention kernel may be scheduled
+            }
+        }
         __syncthreads();  // ring slot s % STAGES and the older q buffer are free
+        if constexpr (FUSED) {
+            if (rem == per_item - 1) {  // item (kvh, p0) done: draw a ticket
+                if (tid == 0) s_last = atomicAdd(&tickets[kvh], 1) == tiles - 1;
+                __syncthreads();
+                if (s_last) {  // every tile of this KV head is scored: select its rows' pages
+                    __threadfence();
+                    if (tid == 0) tickets[kvh] = 0;  // ready for the next launch
+                    cp_async_wait<0>();              // the ring's in-flight stages land (then are refetched)
+                    __syncthreads();
+                    constexpr int kCacheKeys = C::RING_BYTES / 4 - kTopkBins;
+                    int* s_hist = reinterpret_cast<int*>(smem);
+                    uint32_t* s_keys = reinterpret_cast<uint32_t*>(smem) + kTopkBins;
+                    const TopkSmem sm{n <= kCacheKeys ? s_keys : nullptr, s_hist, s_twarp, s_tmin, s_tmax, &s_tdigit,
+                                      &s_tabove};
+                    const int k = page_budget - 1;  // k < n: P > page_budget
+                    const int r0 = per_head ? kvh * G : kvh, nr = per_head ? G : 1;
+                    for (int r = r0; r < r0 + nr; ++r) {
+                        int* out = selected + static_cast<size_t>(r) * page_budget;
+                        if (tid == 0) out[k] = P - 1;
+                        if (k > 0) topk_select_row<kScoreThreads>(out, scores + static_cast<size_t>(r) * max_pages,
+                                                                  n, k, sm);
+                    }
+                    __syncthreads();  // the ring is free again: refetch the stages in flight
+#pragma unroll
+                    for (int s2 = s + 1; s2 < s + STAGES; ++s2) {
+                        if (s2 < total) issue(s2, INT_MAX);
+                        cp_async_commit();
+                    }
+                }
+            }
+        }
     }
     cp_async_wait<0>();
-}
-
-// ---------------------------------------------------------------------------------------------------------------------
-// 2. Top-k
-//
-// One block (512 threads) per selection row; an exact radix select on the order-preserving uint32 image of the
-// scores. A first pass loads the keys (into shared memory when the row has at most kTopkCacheMax candidates; beyond,
-// later passes re-read them from global memory / L2) and reduces their min and max: the bits above the highest bit
-// where min and max differ are common to every key, so the digit passes start there, 11 bits at a time, with a
-// 2048-bin shared histogram of the keys that match the digits chosen so far (one atomic per key; a warp whose keys
-// all fall in one bin, e.g. exact ties, adds once). A pass stops the search early when the bin holding the
-// K-1-th largest key is taken whole (usually after the first pass). Then, with the threshold T (masked to the
-// resolved bits) and `need` = how many keys equal to T to take, a stable compaction in index order writes every key
-// > T and the first `need` keys == T (lowest page ids) at their ascending-order positions (an exclusive block scan of
-// packed (greater, equal) counts). No page cap.
-// ---------------------------------------------------------------------------------------------------------------------
-#ifndef QUEST_TOPK_MATCH
-#define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
-#endif
-constexpr int kTopkThreads = 512;
-constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkBins = 2048;
-constexpr int kTopkBinsPerThread = kTopkBins / kTopkThreads;
-constexpr int kTopkCacheMax = 32768;  // keys cached in dynamic shared memory (128 KB)
-constexpr int kTopkUnroll = 8;        // independent key loads in flight per thread
-constexpr int kTopkPerThread = 4;     // compaction: contiguous keys per thread per round
-
-__device__ __forceinline__ uint32_t float_key(float f) {
-    uint32_t u = __float_as_uint(f);
-    if (f == 0.0f) u = 0u;  // -0 ties with +0, as in the reference's comparisons
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-// Exclusive prefix sum over the block in thread order; `total` gets the block sum.
-__device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& total) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) s_warp[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        int w = lane < kTopkWarps ? s_warp[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
-        if (lane < kTopkWarps) s_warp[lane] = w;
-    }
-    __syncthreads();
-    const int before = (warp ? s_warp[warp - 1] : 0) + x - v;
-    total = s_warp[kTopkWarps - 1];
-    __syncthreads();  // s_warp is free for the next scan
-    return before;
-}
-
-__global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
-                                                             const float* __restrict__ scores, int score_stride,
-                                                             const int* __restrict__ d_pos, int page_size_log2,
-                                                             int page_budget, int cache) {
-    extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
-    __shared__ int s_hist[kTopkBins];
-    __shared__ int s_warp[32];
-    __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
-    __shared__ int s_digit, s_above;
-
-    pdl_wait();
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    int* out = selected + static_cast<size_t>(blockIdx.x) * page_budget;
-    const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
-    const int len = *d_pos + 1;
-    if (len < 1) return;
-    const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
-    if (P <= page_budget) {  // dense step: every page
-        for (int i = tid; i < P; i += kTopkThreads) out[i] = i;
-        return;
-    }
-    const int n = P - 1;            // candidates
-    const int k = page_budget - 1;  // to select among them (k < n)
-    if (n > score_stride) return;   // outside the scores' capacity: write nothing
-    if (tid == 0) out[k] = P - 1;
-    if (k == 0) return;
-
-    // Keys (cached), and their min and max.
-    uint32_t kmn = 0xFFFFFFFFu, kmx = 0u;
-#pragma unroll 1
-    for (int base = 0; base < n; base += kTopkThreads * kTopkUnroll) {
-        uint32_t key[kTopkUnroll];
-#pragma unroll
-        for (int u = 0; u < kTopkUnroll; ++u) {
-            const int i = base + u * kTopkThreads + tid;
-            key[u] = i < n ? float_key(in[i]) : 0u;
-        }
-#pragma unroll
-        for (int u = 0; u < kTopkUnroll; ++u) {
-            const int i = base + u * kTopkThreads + tid;
-            if (i < n) {
-                if (cache) s_cache[i] = key[u];
-                kmn = min(kmn, key[u]);
-                kmx = max(kmx, key[u]);
-            }
-        }
-    }
-    kmn = __reduce_min_sync(0xffffffffu, kmn);
-    kmx = __reduce_max_sync(0xffffffffu, kmx);
-    if (lane == 0) {
-        s_min[warp] = kmn;
-        s_max[warp] = kmx;
-    }
-    __syncthreads();
-    kmn = s_min[0];
-    kmx = s_max[0];
-#pragma unroll
-    for (int w = 1; w < kTopkWarps; ++w) {
-        kmn = min(kmn, s_min[w]);
-        kmx = max(kmx, s_max[w]);
-    }
-
-    // Radix select over the bits below the common prefix. Invariant: the top k keys are the keys whose masked value
-    // (key & pmask) is > prefix, plus krem of those whose masked value == prefix.
-    uint32_t prefix, pmask;
-    int krem = k;
-    const uint32_t diff = kmn ^ kmx;
-    if (diff == 0u) {  // every key is equal
-        prefix = kmx;
-        pmask = 0xFFFFFFFFu;
-    } else {
-        const int hb = 31 - __clz(diff);  // highest bit where keys differ
-        pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
-        prefix = kmx & pmask;
-        int lo = hb + 1;  // bits [lo, 32) are resolved
-#pragma unroll 1
-        while (lo > 0) {
-            const int width = min(11, lo), shift = lo - width;
-            const uint32_t dmask = (1u << width) - 1u;
-            for (int i = tid; i < kTopkBins; i += kTopkThreads) s_hist[i] = 0;
-            __syncthreads();
-#pragma unroll 1
-            for (int base = 0; base < n; base += kTopkThreads * kTopkUnroll) {
-                uint32_t key[kTopkUnroll];
-#pragma unroll
-                for (int u = 0; u < kTopkUnroll; ++u) {
-                    const int i = base + u * kTopkThreads + tid;
-                    key[u] = i < n ? (cache ? s_cache[i] : float_key(in[i])) : 0u;
-                }
-#pragma unroll
-                for (int u = 0; u < kTopkUnroll; ++u) {
-                    const int i = base + u * kTopkThreads + tid;
-                    const int bin = (i < n && (key[u] & pmask) == prefix) ? static_cast<int>((key[u] >> shift) & dmask)
-                                                                          : -1;
-#if QUEST_TOPK_MATCH
-                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
-#else
-                    // A warp whose keys all fall in one bin (ties) adds once; otherwise one atomic per key.
-                    const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
-                    if (__all_sync(0xffffffffu, bin == bin0)) {
-                        if (lane == 0 && bin0 >= 0) atomicAdd(&s_hist[bin0], 32);
-                    } else if (bin >= 0) {
-                        atomicAdd(&s_hist[bin], 1);
-                    }
-#endif
-                }
-            }
-            __syncthreads();
-            // Thread t owns bins kTopkBins-1-4t .. kTopkBins-4-4t (descending): a scan in thread order counts the
-            // keys in higher bins.
-            int c[kTopkBinsPerThread], sum = 0;
-#pragma unroll
-            for (int j = 0; j < kTopkBinsPerThread; ++j) {
-                c[j] = s_hist[kTopkBins - 1 - kTopkBinsPerThread * tid - j];
-                sum += c[j];
-            }
-            int total;
-            int above = block_exclusive_scan(sum, s_warp, total);
-#pragma unroll
-            for (int j = 0; j < kTopkBinsPerThread; ++j) {
-                if (above < krem && above + c[j] >= krem) {
-                    s_digit = kTopkBins - 1 - kTopkBinsPerThread * tid - j;
-                    s_above = above;
-                }
-                above += c[j];
-            }
-            __syncthreads();
-            const int d = s_digit;
-            const int in_bin = s_hist[d];
-            prefix |= static_cast<uint32_t>(d) << shift;
-            pmask |= dmask << shift;
-            krem -= s_above;
-            lo = shift;
-            __syncthreads();         // s_digit / s_above / s_hist are rewritten by the next pass
-            if (in_bin == krem) break;  // the whole bin is taken: the masked comparison decides every key
-        }
-    }
-    const uint32_t T = prefix;
-    const int need = krem;  // masked keys == T to take (the lowest indices); masked keys > T: k - need
-
-    // Stable compaction in index order: position of a selected key = (#greater before) + min(#equal before, need).
-    int gt_run = 0, eq_run = 0;
-#pragma unroll 1
-    for (int base = 0; base < n; base += kTopkThreads * kTopkPerThread) {
-        const int i0 = base + tid * kTopkPerThread;
-        uint32_t key[kTopkPerThread];
-#pragma unroll
-        for (int e = 0; e < kTopkPerThread; ++e)
-            key[e] = i0 + e < n ? (cache ? s_cache[i0 + e] : float_key(in[i0 + e])) & pmask : 0u;
-        int flag[kTopkPerThread];  // 2: greater, 1: equal, 0: neither
-        int cgt = 0, ceq = 0;
-#pragma unroll
-        for (int e = 0; e < kTopkPerThread; ++e) {
-            flag[e] = i0 + e < n ? (key[e] > T ? 2 : (key[e] == T ? 1 : 0)) : 0;
-            cgt += flag[e] == 2;
-            ceq += flag[e] == 1;
-        }
-        int total;
-        const int ex = block_exclusive_scan(cgt | (ceq << 16), s_warp, total);  // each field <= 2048
-        int gt_before = gt_run + (ex & 0xffff);
-        int eq_before = eq_run + (ex >> 16);
-#pragma unroll
-        for (int e = 0; e < kTopkPerThread; ++e) {
-            if (flag[e] == 2) {
-                out[gt_before + min(eq_before, need)] = i0 + e;
-                ++gt_before;
-            } else if (flag[e] == 1) {
-                if (eq_before < need) out[gt_before + eq_before] = i0 + e;
-                ++eq_before;
-            }
-        }
-        gt_run += total & 0xffff;
-        eq_run += total >> 16;
-        if (gt_run + min(eq_run, need) >= k) break;  // uniform: every selected key is written
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -824,9 +956,11 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
 // ---------------------------------------------------------------------------------------------------------------------
 int pow2_group(int g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8; }
 
-template <int D, int GT>
-void launch_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
-                   int page_budget, GqaPolicy policy, cudaStream_t stream) {
+// scores: [rows][max_pages]; selected / tickets: the fused kernel's outputs and its per-KV-head ticket counters
+// (nullptr when !FUSED).
+template <int D, int GT, bool FUSED>
+void launch_scores(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
+                   const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
     constexpr int smem = ScoreCfg<D, GT>::SMEM_BYTES;
     static std::atomic<uint64_t> attr_set{0};  // devices on which the > 48 KB opt-in was made
     static std::atomic<int> per_sm{0};
@@ -834,9 +968,11 @@ void launch_scores(float* scores, const __half* q, const KvLayerView& kv, const 
     CUDA_CHECK(cudaGetDevice(&dev));
     const uint64_t bit = dev < 64 ? (uint64_t{1} << dev) : 0;
     if (!bit || !(attr_set.load(std::memory_order_acquire) & bit)) {  // first launch on this device
-        CUDA_CHECK(cudaFuncSetAttribute(page_scores_kernel<D, GT>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+        CUDA_CHECK(cudaFuncSetAttribute(page_scores_kernel<D, GT, FUSED>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        smem));
         int b = 0;
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, page_scores_kernel<D, GT>, kScoreThreads, smem));
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, page_scores_kernel<D, GT, FUSED>, kScoreThreads,
+                                                                 smem));
         per_sm.store(std::max(b, 1), std::memory_order_relaxed);
         attr_set.fetch_or(bit, std::memory_order_release);
     }
@@ -844,19 +980,53 @@ void launch_scores(float* scores, const __half* q, const KvLayerView& kv, const 
         static_cast<long long>(ceil_div(std::max(kv.max_pages - 1, 1), kScoreTile)) * kv.num_kv_heads;
     const long long resident = static_cast<long long>(sm_count()) * per_sm.load(std::memory_order_relaxed);
     const int grid = static_cast<int>(std::min(max_items, resident));
-    launch_pdl(page_scores_kernel<D, GT>, dim3(grid), dim3(kScoreThreads), smem, stream, scores, q, kv.kmin, kv.kmax,
-               d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size), page_budget,
-               static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum));
+    launch_pdl(page_scores_kernel<D, GT, FUSED>, dim3(grid), dim3(kScoreThreads), smem, stream, scores, selected,
+               tickets, q, kv.kmin, kv.kmax, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size),
+               page_budget, static_cast<int>(policy == GqaPolicy::PerHead),
+               static_cast<int>(policy == GqaPolicy::KvSum));
 }
 
-template <int D>
-void launch_scores_d(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
-                     int page_budget, GqaPolicy policy, cudaStream_t stream) {
+template <int D, bool FUSED>
+void launch_scores_d(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
+                     const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
     switch (pow2_group(num_heads / kv.num_kv_heads)) {
-        case 1: return launch_scores<D, 1>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        case 2: return launch_scores<D, 2>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        case 4: return launch_scores<D, 4>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        default: return launch_scores<D, 8>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        case 1:
+            return launch_scores<D, 1, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                              stream);
+        case 2:
+            return launch_scores<D, 2, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                              stream);
+        case 4:
+            return launch_scores<D, 4, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                              stream);
+        default:
+            return launch_scores<D, 8, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                              stream);
+    }
+}
+
+template <bool FUSED>
+void launch_scores_any(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
+                       const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
+    switch (kv.head_dim) {
+        case 8:
+            return launch_scores_d<8, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                               stream);
+        case 16:
+            return launch_scores_d<16, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                               stream);
+        case 32:
+            return launch_scores_d<32, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                               stream);
+        case 64:
+            return launch_scores_d<64, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                               stream);
+        case 128:
+            return launch_scores_d<128, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                               stream);
+        default:
+            return launch_scores_d<256, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
+                                               stream);
     }
 }
 
@@ -931,7 +1101,7 @@ QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int h
     s.topk_scratch = 0;
     s.partial_o = static_cast<size_t>(num_heads) * s.max_splits * head_dim;
     s.partial_ml = static_cast<size_t>(num_heads) * s.max_splits * 2;
-    s.counters = static_cast<size_t>(num_heads);
+    s.counters = static_cast<size_t>(num_heads) + num_kv_heads;
     return s;
 }
 
@@ -941,14 +1111,17 @@ void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, co
     QUEST_REQUIRE(scores && q && kv.kmin && kv.kmax && d_pos, "null pointer");
     QUEST_REQUIRE(is_aligned(kv.kmin, 16) && is_aligned(kv.kmax, 16) && is_aligned(q, 4),
                   "metadata must be 16-byte aligned, q 4-byte aligned");
-    switch (kv.head_dim) {
-        case 8: return launch_scores_d<8>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        case 16: return launch_scores_d<16>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        case 32: return launch_scores_d<32>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        case 64: return launch_scores_d<64>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        case 128: return launch_scores_d<128>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        default: return launch_scores_d<256>(scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-    }
+    launch_scores_any<false>(scores, nullptr, nullptr, q, kv, d_pos, num_heads, page_budget, policy, stream);
+}
+
+void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const __half* q, const KvLayerView& kv,
+                             const int* d_pos, int num_heads, int page_budget, GqaPolicy policy,
+                             cudaStream_t stream) {
+    require_kv(kv, num_heads, page_budget);
+    QUEST_REQUIRE(selected && scores && tickets && q && kv.kmin && kv.kmax && d_pos, "null pointer");
+    QUEST_REQUIRE(is_aligned(kv.kmin, 16) && is_aligned(kv.kmax, 16) && is_aligned(q, 4),
+                  "metadata must be 16-byte aligned, q 4-byte aligned");
+    launch_scores_any<true>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy, stream);
 }
 
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
@@ -988,11 +1161,17 @@ void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv
 }
 
 void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
-                  int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws, cudaStream_t stream) {
+                  int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws, cudaStream_t stream,
+                  const QuestDecodeOptions& opts) {
     const int rows = quest_selection_rows(num_heads, kv.num_kv_heads, policy);
-    QUEST_REQUIRE(ws.scores && ws.selected, "null pointer");
-    quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-    quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream);
+    QUEST_REQUIRE(ws.scores && ws.selected && ws.counters, "null pointer");
+    if (opts.fused) {
+        quest_page_scores_top_k(ws.selected, ws.scores, ws.counters + num_heads, q, kv, d_pos, num_heads, page_budget,
+                                policy, stream);
+    } else {
+        quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream);
+    }
     attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream);
 }
 

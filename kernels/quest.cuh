@@ -38,7 +38,9 @@ struct QuestWorkspaceSizes {
     size_t topk_scratch = 0;  // bytes:  0 (the top-k keeps its histograms and keys in shared memory)
     size_t partial_o = 0;     // floats: [num_heads][max_splits][head_dim]
     size_t partial_ml = 0;    // floats: [num_heads][max_splits][2]   (running max in log2 units, sum of exp2)
-    size_t counters = 0;      // ints:   [num_heads], ZEROED ONCE after allocation; every launch leaves them zero
+    size_t counters = 0;      // ints:   [num_heads + num_kv_heads]: the attention merge's [num_heads], then the fused
+                              //         scoring's per-KV-head tickets; ZEROED ONCE after allocation, every launch
+                              //         leaves them zero
     size_t bytes() const { return 4 * (scores + selected + partial_o + partial_ml + counters) + topk_scratch; }
 };
 // page_size S: a power of two in [1, 256]; max_pages: pages per KV head (KvLayerView::max_pages); page_budget K >= 1.
@@ -58,7 +60,8 @@ struct QuestWorkspace {
     int pages_per_split = 0;  // as passed to quest_workspace_sizes (0: the default)
 };
 
-// Step 1. q: [num_heads][head_dim] fp16 (post-RoPE). With P = ceil(len / S) pages: when P > page_budget, writes
+// Step 1. q: [num_heads][head_dim] fp16 (post-RoPE); metadata of pages < P - 2 is read before pdl_wait (see
+// quest_page_scores_top_k). With P = ceil(len / S) pages: when P > page_budget, writes
 // scores[r][p] for every candidate page p < P - 1 (row stride kv.max_pages); a dense step (P <= page_budget) needs no
 // scores and writes nothing; nothing is ever written at p >= P - 1. Reads each KV head's metadata once (for groups of
 // more than 8 query heads: once per 8 heads), with 16-byte coalesced loads.
@@ -73,6 +76,22 @@ void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, co
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
                  int page_budget, cudaStream_t stream);
 
+// Steps 1 and 2 in one launch (the path quest_decode takes by default): quest_page_scores, and in the same grid the
+// selection of quest_top_k with score_stride = kv.max_pages, written to selected with the same contents (identical
+// pages; the same entries written, dense steps included). The block that scores the last tile of a KV head runs the
+// radix select of that head's rows (the other blocks go on scoring), so the top-k overlaps the scoring and costs
+// no launch. The select runs on the block's 128 threads with the keys in the block's cp.async ring (up to ring
+// bytes / 4 - 2048 candidates: 22,528 at head_dim 64 and 128, 14,336 at 256, 1,024 at 8); longer rows re-read the
+// keys from L2 each pass (correct, slower). tickets: [num_kv_heads] ints, zero before the launch and left zero
+// (QuestWorkspace::counters + num_heads). scores is scratch here (rows x kv.max_pages floats, written then read by
+// the same grid). Each block triggers the dependent launch (pdl_trigger) once its scoring is done, so the attention
+// kernel's blocks are resident, waiting in pdl_wait, while the last selections finish.
+// Metadata of pages < P - 2 is prefetched before pdl_wait (as in quest_page_scores): the kernel before this one
+// (rope_append_kv) may write only q, the current token's K/V and the metadata of its page P - 1, and must not
+// trigger its dependents before its own pdl_wait.
+void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const __half* q, const KvLayerView& kv,
+                             const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream);
+
 // Step 3. out: [num_heads][head_dim] fp16 = softmax(q_h . k_t * scale) . v_t over the tokens t < len of the pages
 // listed in selected[row(h)][0 .. min(P, K)) (ascending page ids ending with P - 1, as quest_top_k writes them;
 // row(h) = h / G for KvMax/KvSum, h for PerHead). For KvMax/KvSum one block reads a page once for up to 8 query
@@ -83,8 +102,14 @@ void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv
                              const int* selected, int num_heads, int page_budget, GqaPolicy policy, float scale,
                              const QuestWorkspace& ws, cudaStream_t stream);
 
-// Steps 1-3 for one layer (3 launches, graph-capturable). scale: usually 1/sqrt(head_dim).
+// How quest_decode launches its steps (benchmarks and tests compare the paths; the results are the same).
+struct QuestDecodeOptions {
+    bool fused = true;  // true: quest_page_scores_top_k + attention (2 launches); false: the 3 separate launches
+};
+
+// Steps 1-3 for one layer (graph-capturable). scale: usually 1/sqrt(head_dim).
 void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
-                  int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws, cudaStream_t stream);
+                  int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws, cudaStream_t stream,
+                  const QuestDecodeOptions& opts = {});
 
 }  // namespace quest

@@ -41,6 +41,8 @@ struct KvLayerView {
 // Token t has position *d_pos + t: q_out[t] (fp16, [num_heads][D]) gets its rotated query; its rotated key and its
 // value go to the cache at that position. When T == 1 the key is folded into its page's metadata; for T > 1 call
 // page_metadata_rebuild afterwards. Reads the position from the device so the launch can live in a CUDA graph.
+// Triggers its dependent launch (pdl_trigger) right after its own pdl_wait: the next kernel may start early and must
+// pdl_wait before reading q, the appended K/V or the current page's metadata.
 void rope_append_kv(__half* q_out, const KvLayerView& kv, const float* qkv, const int* d_pos, int T, int num_heads,
                     const RopeDeviceParams& rope, cudaStream_t stream);
 

@@ -612,8 +612,10 @@ void CudaLlama::enqueue_decode_step() {
                                     quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
             mark("attention streaming");
         } else if (quest_.quest_layer(l)) {
+            QuestDecodeOptions qopts;
+            qopts.fused = opts_.quest_fused;
             quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
-                         scale, quest_ws_, stream_);
+                         scale, quest_ws_, stream_, qopts);
             mark("attention quest");
         } else {
             attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,

@@ -3,7 +3,7 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [attention] [--json FILE]
+//   quest_kernel_bench [gemv] [gemv4] [attention] [quest] [--json FILE]   (no section named: all of them)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -194,6 +194,102 @@ void bench_attention() {
     }
 }
 
+// One Quest layer on the Llama-2-7B shape (32 heads, 32 KV heads, D = 128, S = 16, KvMax) at 4K / 32K / 128K tokens
+// and B = 512 / 1024 / 2048 / 4096: the fused path (quest_page_scores_top_k + attention, 2 launches) against the
+// separate launches (3), each alone (event-timed single launches, launch latency included), then 16 layers captured
+// in one CUDA graph (time per layer: the gaps between launches as in the decode graph, programmatic dependent launch
+// overlapping each launch's start with the previous one's tail), then each kernel alone. Bytes model per layer:
+// metadata (kmin + kmax of every page of every KV head) + the selected pages' K and V (min(B, L) tokens per KV head);
+// the top-k line counts the scores it reads. Inputs rotate over several copies (> the 60 MB L2).
+void bench_quest() {
+    const int NH = 32, NKV = 32, D = 128, S = 16, kLayers = 16;
+    cudaStream_t cap_stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cap_stream, cudaStreamNonBlocking));
+    for (int L : {4096, 32768, 131072}) {
+        const int pages = L / S;
+        const int copies = L <= 4096 ? 4 : 3;
+        const size_t kv_elems = size_t(NKV) * L * D, meta_elems = size_t(NKV) * pages * D;
+        DeviceBuffer<__half> k(kv_elems * copies), v(kv_elems * copies), kmin(meta_elems * copies),
+            kmax(meta_elems * copies), q(size_t(NH) * D), out(size_t(NH) * D);
+        fill_random_half(k.get(), k.size(), 13, 1.0f, 0.0f, nullptr);
+        fill_random_half(v.get(), v.size(), 14, 1.0f, 0.0f, nullptr);
+        fill_random_half(q.get(), q.size(), 15, 1.0f, 0.0f, nullptr);
+        std::vector<KvLayerView> views(copies);
+        for (int c = 0; c < copies; ++c) {
+            views[c] = {k.get() + kv_elems * c, v.get() + kv_elems * c, kmin.get() + meta_elems * c,
+                        kmax.get() + meta_elems * c, NKV, D, L, S, pages};
+            page_metadata_rebuild(views[c], 0, std::min(pages, 65535) - 1, L, nullptr);
+            if (pages > 65535) page_metadata_rebuild(views[c], 65535, pages - 1, L, nullptr);
+        }
+        DeviceBuffer<int> pos(1);
+        pos.upload(std::vector<int>{L - 1});
+        const int max_budget = 4096 / S;  // the workspace of the largest budget serves the smaller ones
+        const QuestWorkspaceSizes qs = quest_workspace_sizes(NH, NKV, D, S, pages, max_budget, GqaPolicy::KvMax);
+        DeviceBuffer<float> q_scores(qs.scores), q_partial(qs.partial_o + qs.partial_ml);
+        DeviceBuffer<int> q_selected(qs.selected), q_counters(qs.counters);
+        q_counters.fill_bytes(0);
+        QuestWorkspace qws;
+        qws.scores = q_scores.get();
+        qws.selected = q_selected.get();
+        qws.partial_o = q_partial.get();
+        qws.partial_ml = q_partial.get() + qs.partial_o;
+        qws.counters = q_counters.get();
+        const int rows = quest_selection_rows(NH, NKV, GqaPolicy::KvMax);
+        for (int B : {512, 1024, 2048, 4096}) {
+            const int K = B / S;
+            const double meta_bytes = 2.0 * meta_elems * 2;
+            const double sel_bytes = 2.0 * NKV * double(std::min(B, L)) * D * 2;
+            const std::string tag = "quest L=" + std::to_string(L) + " B=" + std::to_string(B);
+            auto layer = [&](int c, bool fused, cudaStream_t st) {
+                QuestDecodeOptions o;
+                o.fused = fused;
+                quest_decode(out.get(), q.get(), views[c % copies], pos.get(), NH, K, GqaPolicy::KvMax, 0.088f, qws,
+                             st, o);
+            };
+            double t_layer[2] = {0, 0};
+            for (int fused = 1; fused >= 0; --fused) {
+                t_layer[fused] = time_ms([&](int i) { layer(i, fused, nullptr); });
+                report(tag + (fused ? " fused   1 layer" : " unfused 1 layer"), t_layer[fused], meta_bytes + sel_bytes);
+            }
+            for (int fused = 1; fused >= 0; --fused) {
+                layer(0, fused, cap_stream);  // first-use attribute / occupancy queries outside the capture
+                CUDA_CHECK(cudaStreamSynchronize(cap_stream));
+                cudaGraph_t graph;
+                cudaGraphExec_t exec;
+                CUDA_CHECK(cudaStreamBeginCapture(cap_stream, cudaStreamCaptureModeThreadLocal));
+                for (int l = 0; l < kLayers; ++l) layer(l, fused, cap_stream);
+                CUDA_CHECK(cudaStreamEndCapture(cap_stream, &graph));
+                CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+                const double t = time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 30, 3) / kLayers;
+                report(tag + (fused ? " fused   graph x16, per layer" : " unfused graph x16, per layer"), t,
+                       meta_bytes + sel_bytes);
+                CUDA_CHECK(cudaGraphExecDestroy(exec));
+                CUDA_CHECK(cudaGraphDestroy(graph));
+            }
+            // The kernels alone (the top-k and the attention read what the last launches left: valid inputs).
+            const double t_sc = time_ms([&](int i) {
+                quest_page_scores(qws.scores, q.get(), views[i % copies], pos.get(), NH, K, GqaPolicy::KvMax, nullptr);
+            });
+            report("  " + tag + " scores", t_sc, meta_bytes);
+            const double t_tk = time_ms([&](int) {
+                quest_top_k(qws.selected, qws.scores, pages, pos.get(), rows, S, K, nullptr);
+            });
+            report("  " + tag + " top-k", t_tk, 4.0 * rows * (pages - 1));
+            const double t_fu = time_ms([&](int i) {
+                quest_page_scores_top_k(qws.selected, qws.scores, qws.counters + NH, q.get(), views[i % copies],
+                                        pos.get(), NH, K, GqaPolicy::KvMax, nullptr);
+            });
+            report("  " + tag + " scores+top-k fused", t_fu, meta_bytes);
+            const double t_at = time_ms([&](int i) {
+                attention_decode_sparse(out.get(), q.get(), views[i % copies], pos.get(), qws.selected, NH, K,
+                                        GqaPolicy::KvMax, 0.088f, qws, nullptr);
+            });
+            report("  " + tag + " attention", t_at, sel_bytes);
+        }
+    }
+    CUDA_CHECK(cudaStreamDestroy(cap_stream));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,6 +308,7 @@ int main(int argc, char** argv) {
         if (want("gemv")) bench_gemv();
         if (want("gemv4")) bench_gemv_int4();
         if (want("attention")) bench_attention();
+        if (want("quest")) bench_quest();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

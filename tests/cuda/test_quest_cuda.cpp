@@ -512,8 +512,10 @@ void check_step(const Shape& s, const Cache& c, const std::vector<float>& q, con
     }
 }
 
-void run_decode_case(const Shape& s, uint32_t seed, CaseStats& st, int pages_per_split = 0) {
-    SCOPED_TRACE(describe(s) + " pages_per_split=" + std::to_string(pages_per_split));
+void run_decode_case(const Shape& s, uint32_t seed, CaseStats& st, int pages_per_split = 0,
+                     QuestDecodeOptions opts = {}) {
+    SCOPED_TRACE(describe(s) + " pages_per_split=" + std::to_string(pages_per_split) +
+                 (opts.fused ? " fused" : " unfused"));
     std::mt19937 rng(seed);
     const int cap = (ceil_div_i(s.len, s.page_size) + 2) * s.page_size;
     const Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, cap, s.len, true);
@@ -527,7 +529,7 @@ void run_decode_case(const Shape& s, uint32_t seed, CaseStats& st, int pages_per
     dpos.upload(std::vector<int>{s.len - 1});
     const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
     quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), s.num_heads, s.page_budget, s.policy, scale, w.ws(),
-                 nullptr);
+                 nullptr, opts);
     CUDA_CHECK(cudaDeviceSynchronize());
     check_step(s, c, q, w.selected.download(), test::to_float(dout.download()), st);
     EXPECT_TRUE(w.counters_zero()) << "merge counters not reset";
@@ -562,13 +564,17 @@ TEST(QuestCuda, DecodeMatchesReference) {
         {8, 8, 128, 8, 4000, 256, GqaPolicy::KvMax},         // many splits
     };
     CaseStats st;
-    uint32_t seed = 500;
-    for (const Shape& s : shapes) run_decode_case(s, seed++, st);
-    // Forced split sizes: one page per block (many splits, merged by the last block), odd sizes, one split.
-    for (int pps : {1, 3, 128}) {
-        run_decode_case({16, 4, 128, 16, 1237, 12, GqaPolicy::KvMax}, seed++, st, pps);
-        run_decode_case({16, 4, 64, 8, 2001, 77, GqaPolicy::PerHead}, seed++, st, pps);
-        run_decode_case({24, 2, 128, 32, 3000, 20, GqaPolicy::KvSum}, seed++, st, pps);
+    for (const bool fused : {true, false}) {  // the default path and the three separate launches
+        QuestDecodeOptions opts;
+        opts.fused = fused;
+        uint32_t seed = 500;
+        for (const Shape& s : shapes) run_decode_case(s, seed++, st, 0, opts);
+        // Forced split sizes: one page per block (many splits, merged by the last block), odd sizes, one split.
+        for (int pps : {1, 3, 128}) {
+            run_decode_case({16, 4, 128, 16, 1237, 12, GqaPolicy::KvMax}, seed++, st, pps, opts);
+            run_decode_case({16, 4, 64, 8, 2001, 77, GqaPolicy::PerHead}, seed++, st, pps, opts);
+            run_decode_case({24, 2, 128, 32, 3000, 20, GqaPolicy::KvSum}, seed++, st, pps, opts);
+        }
     }
     std::printf("[decode] %d selection rows, %d near-tied (not compared), %d mismatched; "
                 "worst attention rel_err %.3g\n",
@@ -713,9 +719,12 @@ TEST(QuestCuda, SparseAttentionOnReferencePages) {
 // ---------------------------------------------------------------------------------------------------------------------
 TEST(QuestCuda, GraphReplayAtChangingLengths) {
     QUEST_REQUIRE_GPU();
-    for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::PerHead}) {
+    for (int mode = 0; mode < 4; ++mode) {
+        const GqaPolicy pol = mode % 2 ? GqaPolicy::PerHead : GqaPolicy::KvMax;
+        QuestDecodeOptions opts;
+        opts.fused = mode < 2;
         const int H = 16, Hkv = 4, D = 128, S = 16, cap = 2048, K = 16;
-        SCOPED_TRACE(std::string(gqa_policy_name(pol)));
+        SCOPED_TRACE(std::string(gqa_policy_name(pol)) + (opts.fused ? " fused" : " unfused"));
         std::mt19937 rng(pol == GqaPolicy::KvMax ? 11 : 12);
         // Every token of the capacity is valid and every page's metadata covers its full page: the complete pages
         // of any length then have exactly their metadata (the last page's is never scored).
@@ -731,12 +740,12 @@ TEST(QuestCuda, GraphReplayAtChangingLengths) {
         cudaStream_t stream;
         CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
         // Warm-up launch (first-use attribute/occupancy queries happen outside the capture), then capture.
-        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), H, K, pol, scale, w.ws(), stream);
+        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), H, K, pol, scale, w.ws(), stream, opts);
         CUDA_CHECK(cudaStreamSynchronize(stream));
         cudaGraph_t graph;
         cudaGraphExec_t exec;
         CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), H, K, pol, scale, w.ws(), stream);
+        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), H, K, pol, scale, w.ws(), stream, opts);
         CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
         CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
         CaseStats st;
@@ -751,12 +760,184 @@ TEST(QuestCuda, GraphReplayAtChangingLengths) {
             check_step(s, c, q, w.selected.download(), test::to_float(dout.download()), st);
             EXPECT_TRUE(w.counters_zero()) << "merge counters not reset";
         }
-        std::printf("[graph %s] %d selection rows, %d near-tied, %d mismatched; worst attention rel_err %.3g\n",
-                    std::string(gqa_policy_name(pol)).c_str(), st.rows, st.near_ties, st.mismatched, st.worst_attn);
+        std::printf("[graph %s %s] %d selection rows, %d near-tied, %d mismatched; worst attention rel_err %.3g\n",
+                    std::string(gqa_policy_name(pol)).c_str(), opts.fused ? "fused" : "unfused", st.rows, st.near_ties,
+                    st.mismatched, st.worst_attn);
         CUDA_CHECK(cudaGraphExecDestroy(exec));
         CUDA_CHECK(cudaGraphDestroy(graph));
         CUDA_CHECK(cudaStreamDestroy(stream));
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// 7. The fused scoring + top-k (quest_page_scores_top_k, quest_decode's default) against the separate launches
+//    (quest_page_scores + quest_top_k, QuestDecodeOptions{.fused = false}): identical page lists and identical
+//    written entries (the buffers are poisoned before each path and compared whole, poison included), bit-identical
+//    scores and outputs (the attention kernel is the same), counters left zero. The fused path runs twice in a row
+//    (the second launch relies on the first leaving its tickets zero).
+// ---------------------------------------------------------------------------------------------------------------------
+
+// Overwrites the metadata of the valid pages with tie-heavy values: page p's min/max depend only on p % 5 and are
+// small integers, so (with an integer q) many pages have exactly equal scores and the lower page id must win.
+void make_ties(Cache& c, int valid_len) {
+    const int valid_pages = std::min(ceil_div_i(valid_len, c.s), c.max_pages);
+    const size_t meta_n = static_cast<size_t>(c.hkv) * c.max_pages * c.d;
+    std::vector<__half> hmin(meta_n, half_nan()), hmax(meta_n, half_nan());
+    for (int h = 0; h < c.hkv; ++h)
+        for (int p = 0; p < valid_pages; ++p)
+            for (int i = 0; i < c.d; ++i) {
+                const size_t at = (static_cast<size_t>(h) * c.max_pages + p) * c.d + i;
+                const int a = (p % 5 + i + h) % 3 - 1, b = a + (p % 5 == 2 ? 0 : 1);
+                c.kmin[at] = static_cast<float>(a);
+                c.kmax[at] = static_cast<float>(b);
+                hmin[at] = __float2half(c.kmin[at]);
+                hmax[at] = __float2half(c.kmax[at]);
+            }
+    c.dmin.upload(hmin);
+    c.dmax.upload(hmax);
+}
+
+struct PathResult {
+    std::vector<int> selected;
+    std::vector<float> scores;
+    std::vector<uint16_t> out;  // fp16 bits (empty without K/V)
+};
+
+std::vector<uint16_t> half_bits(const std::vector<__half>& h) {
+    std::vector<uint16_t> b(h.size());
+    std::memcpy(b.data(), h.data(), h.size() * sizeof(uint16_t));
+    return b;
+}
+
+// One path on freshly poisoned buffers. With K/V: quest_decode; without: the selection launches only.
+PathResult run_path(const Shape& s, const Cache& c, const DeviceBuffer<__half>& dq, const DeviceBuffer<int>& dpos,
+                    Workspace& w, bool with_kv, bool fused) {
+    w.poison();
+    DeviceBuffer<__half> dout(static_cast<size_t>(s.num_heads) * s.head_dim);
+    dout.fill_bytes(0xFF);
+    if (with_kv) {
+        QuestDecodeOptions opts;
+        opts.fused = fused;
+        quest_decode(dout.get(), dq.get(), c.view(), dpos.get(), s.num_heads, s.page_budget, s.policy,
+                     1.0f / std::sqrt(static_cast<float>(s.head_dim)), w.ws(), nullptr, opts);
+    } else if (fused) {
+        quest_page_scores_top_k(w.selected.get(), w.scores.get(), w.counters.get() + s.num_heads, dq.get(), c.view(),
+                                dpos.get(), s.num_heads, s.page_budget, s.policy, nullptr);
+    } else {
+        quest_page_scores(w.scores.get(), dq.get(), c.view(), dpos.get(), s.num_heads, s.page_budget, s.policy,
+                          nullptr);
+        quest_top_k(w.selected.get(), w.scores.get(), c.max_pages, dpos.get(), w.sz.rows, s.page_size, s.page_budget,
+                    nullptr);
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+    PathResult r;
+    r.selected = w.selected.download();
+    r.scores = w.scores.download();
+    if (with_kv) r.out = half_bits(dout.download());
+    return r;
+}
+
+// extra_pages: capacity beyond the sequence's pages (0: the sequence fills the cache, P == max_pages).
+void compare_fused(const Shape& s, uint32_t seed, bool with_kv, bool ties, int extra_pages) {
+    SCOPED_TRACE(describe(s) + (with_kv ? " decode" : " selection") + (ties ? " ties" : "") +
+                 " extra_pages=" + std::to_string(extra_pages));
+    std::mt19937 rng(seed);
+    const int cap = (ceil_div_i(s.len, s.page_size) + extra_pages) * s.page_size;
+    Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, cap, s.len, with_kv);
+    std::vector<float> q = random_q(rng, static_cast<size_t>(s.num_heads) * s.head_dim);
+    if (ties) {
+        ASSERT_FALSE(with_kv);
+        make_ties(c, s.len);
+        std::uniform_int_distribution<int> qi(-1, 2);
+        for (float& x : q) x = static_cast<float>(qi(rng));
+    }
+    DeviceBuffer<__half> dq(q.size());
+    dq.upload(to_half(q));
+    DeviceBuffer<int> dpos(1);
+    dpos.upload(std::vector<int>{s.len - 1});
+    Workspace w(s, c.max_pages);
+    const PathResult ref = run_path(s, c, dq, dpos, w, with_kv, false);
+    EXPECT_TRUE(w.counters_zero()) << "counters not reset (separate launches)";
+    for (int rep = 0; rep < 2; ++rep) {
+        SCOPED_TRACE("fused launch " + std::to_string(rep));
+        const PathResult got = run_path(s, c, dq, dpos, w, with_kv, true);
+        EXPECT_TRUE(w.counters_zero()) << "counters not reset (fused)";
+        const int K = s.page_budget, P = ceil_div_i(s.len, s.page_size), cnt = std::min(P, K);
+        int first_diff = -1;
+        for (size_t i = 0; i < ref.selected.size() && first_diff < 0; ++i)
+            if (got.selected[i] != ref.selected[i]) first_diff = static_cast<int>(i);
+        EXPECT_EQ(first_diff, -1) << "selected differs at row " << first_diff / K << " entry " << first_diff % K
+                                  << ": fused " << got.selected[std::max(first_diff, 0)] << ", separate "
+                                  << ref.selected[std::max(first_diff, 0)] << " (count " << cnt << ")";
+        // Every row's written entries are a valid page list: cnt ascending ids ending with P - 1.
+        for (int r = 0; r < w.sz.rows && first_diff < 0; ++r) {
+            const int* row = got.selected.data() + static_cast<size_t>(r) * K;
+            for (int i = 0; i < cnt; ++i) {
+                ASSERT_TRUE(row[i] >= 0 && row[i] < P && (i == 0 || row[i] > row[i - 1])) << "row " << r;
+            }
+            ASSERT_EQ(row[cnt - 1], P - 1) << "row " << r;
+        }
+        EXPECT_EQ(std::memcmp(got.scores.data(), ref.scores.data(), ref.scores.size() * sizeof(float)), 0)
+            << "scores differ";
+        EXPECT_EQ(got.out, ref.out) << "attention outputs differ";
+    }
+}
+
+TEST(QuestCuda, FusedSelectionMatchesSeparateLaunches) {
+    QUEST_REQUIRE_GPU();
+    // {H, Hkv, D, S, len, K, policy}; K = B / S pages.
+    const std::vector<Shape> shapes = {
+        {32, 32, 128, 16, 32768, 128, GqaPolicy::KvMax},        // Llama-2-7B, 32K, B = 2048
+        {32, 32, 128, 16, 32768 - 5, 256, GqaPolicy::KvMax},    // B = 4096, partial last page
+        {32, 32, 128, 16, 4096 + 1, 32, GqaPolicy::KvMax},      // 4K, B = 512, last page holds one token
+        {32, 8, 128, 16, 131072, 256, GqaPolicy::KvSum},        // 128K, G = 4
+        {32, 8, 128, 16, 131072 - 7, 64, GqaPolicy::PerHead},   // 32 rows
+        {32, 8, 128, 8, 4096 + 3, 64, GqaPolicy::KvMax},        // S = 8
+        {16, 4, 64, 32, 32 * 700 + 13, 32, GqaPolicy::KvMax},   // S = 32
+        {16, 4, 64, 64, 64 * 300 + 63, 16, GqaPolicy::PerHead}, // S = 64
+        {24, 2, 64, 32, 32 * 700 + 13, 32, GqaPolicy::PerHead}, // G = 12: two head batches, 24 rows
+        {24, 2, 64, 32, 32 * 700 + 13, 32, GqaPolicy::KvSum},
+        {6, 2, 256, 32, 32 * 200 + 31, 16, GqaPolicy::KvMax},   // D = 256
+        {8, 4, 16, 64, 64 * 300 + 1, 5, GqaPolicy::KvMax},      // D = 16
+        {4, 4, 8, 16, 16 * 3000 + 9, 100, GqaPolicy::KvMax},    // D = 8: keys beyond the fused shared cache
+        {8, 2, 32, 1, 5000, 7, GqaPolicy::PerHead},             // S = 1
+        {8, 2, 64, 16, 1000, 1, GqaPolicy::KvMax},              // K = 1 (B < 2S): only the last page
+        {8, 2, 64, 16, 1000, 1, GqaPolicy::PerHead},
+        {8, 2, 64, 16, 1000, 2, GqaPolicy::KvSum},              // K = 2
+        {8, 2, 64, 16, 16 * 100, 100, GqaPolicy::KvMax},        // dense: P == K (B >= context)
+        {8, 2, 64, 16, 16 * 50 + 1, 200, GqaPolicy::PerHead},   // dense: P < K
+        {8, 2, 64, 16, 16 * 100 + 1, 100, GqaPolicy::KvMax},    // sparse by one page
+        {4, 1, 128, 16, 1, 4, GqaPolicy::KvMax},                // len = 1
+        {4, 2, 64, 16, 20000 * 16 + 5, 2048, GqaPolicy::KvMax}, // n = 20000: keys cached in the ring
+        {4, 2, 64, 16, 65536 * 16, 128, GqaPolicy::KvMax},      // 65,536 pages (1M tokens): keys from L2
+        {4, 2, 64, 16, 65536 * 16 - 3, 4096, GqaPolicy::PerHead},
+        {4, 2, 64, 16, 65536 * 16, 32768, GqaPolicy::KvSum},    // half the candidates
+    };
+    uint32_t seed = 7000;
+    for (size_t i = 0; i < shapes.size(); ++i)  // every third case fills the cache (P == max_pages)
+        compare_fused(shapes[i], seed++, false, false, i % 3 == 0 ? 0 : 2);
+    // Exact ties everywhere (ties -> lower page id), every policy.
+    for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
+        compare_fused({16, 4, 64, 16, 16 * 3000 + 7, 300, pol}, seed++, false, true, 1);
+        compare_fused({8, 8, 128, 16, 16 * 2048, 128, pol}, seed++, false, true, 0);
+        compare_fused({4, 2, 64, 16, 16 * 40000, 1024, pol}, seed++, false, true, 0);  // beyond the ring cache
+    }
+}
+
+TEST(QuestCuda, FusedDecodeMatchesSeparateLaunches) {
+    QUEST_REQUIRE_GPU();
+    const std::vector<Shape> shapes = {
+        {8, 8, 128, 16, 16 * 300 + 5, 64, GqaPolicy::KvMax},
+        {16, 4, 128, 8, 8 * 500 + 3, 40, GqaPolicy::PerHead},
+        {16, 4, 64, 32, 32 * 100 + 17, 9, GqaPolicy::KvSum},
+        {8, 2, 64, 64, 64 * 60 + 63, 12, GqaPolicy::KvMax},
+        {8, 2, 128, 16, 500, 1, GqaPolicy::KvMax},   // K = 1
+        {8, 2, 128, 16, 777, 64, GqaPolicy::KvMax},  // dense
+        {12, 1, 64, 16, 700, 9, GqaPolicy::KvMax},   // G = 12
+        {8, 8, 128, 16, 16 * 1024, 128, GqaPolicy::KvMax},
+    };
+    uint32_t seed = 8000;
+    for (const Shape& s : shapes) compare_fused(s, seed++, true, false, 1);
 }
 
 // Preconditions are checked on the host.
