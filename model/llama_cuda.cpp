@@ -263,6 +263,8 @@ void CudaLlama::allocate() {
         quest_ws_.partial_ml = quest_partial_.get() + qs.partial_o;
         quest_ws_.counters = quest_counters_.get();
     }
+    // The fills and uploads above ran on the legacy stream, which stream_ (non-blocking) does not wait for.
+    CUDA_CHECK(cudaDeviceSynchronize());
     reset();
 }
 
@@ -374,7 +376,10 @@ void CudaLlama::load_weights(const ModelFolder& model) {
             CUDA_CHECK(cudaMemcpy(dst32, host.data(), n * 4, cudaMemcpyHostToDevice));
             return;
         }
-        CUDA_CHECK(cudaMemcpy(staging.get(), t.data(), t.info->nbytes(), cudaMemcpyHostToDevice));
+        // On stream_, the convert's stream: a plain cudaMemcpy from pageable memory may return before its DMA has
+        // landed, and stream_ (non-blocking) does not wait for the legacy stream, so the convert could read the
+        // previous tensor's bytes (seen: one model load in four silently corrupted in one process).
+        CUDA_CHECK(cudaMemcpyAsync(staging.get(), t.data(), t.info->nbytes(), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaMemsetAsync(overflow.get(), 0, sizeof(unsigned long long), stream_));
         convert_to_half(dst, staging.get(), dt, n, overflow.get(), stream_);
         unsigned long long clamped = 0;
@@ -524,7 +529,7 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             if (interrupt_requested()) {
                 const int entry = pos_ - start;
                 pos_ = entry;
-                CUDA_CHECK(cudaMemcpy(d_pos_.get(), &entry, sizeof(int), cudaMemcpyHostToDevice));
+                CUDA_CHECK(cudaMemcpyAsync(d_pos_.get(), &entry, sizeof(int), cudaMemcpyHostToDevice, stream_));
                 if (entry % quest_.page_size != 0)
                     for (int l = 0; l < c_.num_layers; ++l)
                         page_metadata_rebuild(kv_view(l), entry / quest_.page_size, entry / quest_.page_size, entry,

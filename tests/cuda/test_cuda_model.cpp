@@ -8,10 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <cstdio>
+#include <filesystem>
 
 #include "../test_util.h"
+#include "cuda_model_util.h"
 #include "cuda_test_util.h"
 #include "engine/backend.h"
+#include "engine/eval.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "model/error.h"
@@ -26,18 +30,6 @@ using namespace quest;
 namespace {
 
 constexpr double kLogitTol = 2e-2;
-
-std::unique_ptr<Backend> cpu_fp16_weights(const ModelFolder& m, const QuestSettings& q, int cap) {
-    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(m.dir), m.config));
-    auto round = [](std::vector<float>& v) {
-        for (float& x : v) x = half_to_float(float_to_half(x));
-    };
-    round(w->embed);
-    round(w->lm_head);
-    for (auto& l : w->layers)
-        for (auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) round(*v);
-    return std::make_unique<CpuLlama>(w, q, cap);
-}
 
 QuestSettings full() {
     QuestSettings s;
@@ -69,7 +61,7 @@ TEST_P(CudaHfParity, CudaMatchesCpu) {
     const auto prompt = ids("prompt_ids"), steps = ids("decode_ids");
     const int cap = int(prompt.size() + steps.size());
     const int V = m.config.vocab_size;
-    auto cpu = cpu_fp16_weights(m, full(), cap);
+    auto cpu = test::cpu_fp16_weights(m, full(), cap);
     CudaOptions opts;
     opts.prefill_chunk = 7;  // several chunks, the last one partial
     auto gpu = CudaLlama::from_folder(m, full(), cap, opts);
@@ -162,7 +154,7 @@ TEST(CudaModel, QuestSmallBudgetFollowsCpu) {
         q.page_size = 16;
         q.budget = 128;
         q.gqa_policy = p;
-        auto cpu = cpu_fp16_weights(m, q, 600);
+        auto cpu = test::cpu_fp16_weights(m, q, 600);
         auto gpu = CudaLlama::from_folder(m, q, 600);
         cpu->prefill(prompt);
         gpu->prefill(prompt);
@@ -202,7 +194,7 @@ TEST(CudaModel, MultiTurnPrefillAfterDecodeFollowsCpu) {
     QuestSettings q;
     q.page_size = 16;
     q.budget = 64;
-    auto cpu = cpu_fp16_weights(m, q, 700);
+    auto cpu = test::cpu_fp16_weights(m, q, 700);
     auto gpu = CudaLlama::from_folder(m, q, 700);
     auto turn = [&](int first, int n_prompt, int n_decode) {
         std::vector<int> prompt(n_prompt);
@@ -244,4 +236,78 @@ TEST(CudaModel, RepeatedResetsKeepDeviceMemoryFlat) {
     }
     CUDA_CHECK(cudaMemGetInfo(&free1, &total));
     EXPECT_EQ(free1, free0) << "device memory changed across 98 conversations";
+}
+
+// Loading the same folder again and again in one process gives bit-identical logits. Regression: the weight upload
+// staged each tensor with a plain cudaMemcpy (which may return before its DMA lands) and converted it on the
+// non-blocking stream, so about one load in four read the previous tensor's bytes (found by `quest eval` on the
+// trained demo model, which makes one backend per budget).
+TEST(CudaModel, RepeatedLoadsGiveBitIdenticalLogits) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    std::vector<int> prompt(300);
+    for (int i = 0; i < 300; ++i) prompt[i] = 3 + (i * 37) % 500;
+    QuestSettings q;
+    q.page_size = 16;
+    q.budget = 64;
+    std::vector<float> first;
+    for (int load = 0; load < 24; ++load) {
+        auto gpu = CudaLlama::from_folder(m, q, 320);
+        gpu->prefill(prompt);
+        const auto l = gpu->decode(7);
+        std::vector<float> got(l.begin(), l.end());
+        if (load == 0) {
+            first = got;
+            continue;
+        }
+        ASSERT_EQ(0, std::memcmp(got.data(), first.data(), got.size() * sizeof(float))) << "load " << load;
+    }
+}
+
+// The trained demo model (models/demo: head_dim 32, GQA 4:1, vocabulary 2048) through quest eval's pass-key protocol
+// (prefill, then the question token by token through the decode path): the CUDA backend follows the CPU backend
+// (same fp16-rounded weights) at every step, for full attention and Quest at contexts and budgets that once
+// disagreed on the GPU.
+TEST(CudaModel, TrainedDemoPasskeyProtocolFollowsCpu) {
+    QUEST_REQUIRE_GPU();
+    const auto dir = test::source_dir() / "models/demo";
+    if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << "SKIPPED: models/demo is absent";
+    const ModelFolder m = open_model_folder(dir.string());
+    const Tokenizer tok(m.tokenizer_file());
+    const auto w = test::fp16_rounded_weights(m);
+    struct Case {
+        int context, budget;
+    };
+    for (Case c : {Case{1024, 128}, Case{2048, 0}, Case{1024, 64}, Case{2048, 256}}) {
+        const PasskeyPrompt p = make_passkey_prompt(tok, c.context, 0.5, 12345);
+        const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + 8;
+        QuestSettings q;
+        q.page_size = 16;
+        q.budget = c.budget > 0 ? c.budget : 64;
+        q.full_attention = c.budget == 0;
+        CpuLlama cpu(w, q, cap);
+        auto gpu = CudaLlama::from_folder(m, q, cap);
+        auto la = cpu.prefill(p.prefill);
+        std::vector<float> ca(la.begin(), la.end());
+        auto lb = gpu->prefill(p.prefill);
+        std::vector<float> cb(lb.begin(), lb.end());
+        double err = test::rel_err(cb, ca);
+        std::printf("context %d budget %d: prefill rel err %.3g", c.context, c.budget, err);
+        EXPECT_LE(err, 2e-2) << "context " << c.context << " budget " << c.budget << " prefill";
+        int step = 0;
+        for (int t : p.question) {
+            la = cpu.decode(t);
+            ca.assign(la.begin(), la.end());
+            lb = gpu->decode(t);
+            cb.assign(lb.begin(), lb.end());
+            err = test::rel_err(cb, ca);
+            std::printf(" | q%d %.3g", step, err);
+            EXPECT_LE(err, 5e-2) << "context " << c.context << " budget " << c.budget << " question token " << step;
+            ++step;
+        }
+        const int a = static_cast<int>(std::max_element(ca.begin(), ca.end()) - ca.begin());
+        const int b = static_cast<int>(std::max_element(cb.begin(), cb.end()) - cb.begin());
+        std::printf(" | answer token cpu %d gpu %d\n", a, b);
+        EXPECT_EQ(a, b) << "context " << c.context << " budget " << c.budget;
+    }
 }

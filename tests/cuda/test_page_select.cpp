@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "../test_util.h"
+#include "cuda_model_util.h"
 #include "cuda_test_util.h"
 #include "engine/backend.h"
 #include "kernels/page_select.cuh"
@@ -62,14 +63,7 @@ TEST(PageSelectCuda, StreamingEqualsReference) {
 TEST(PageSelectCuda, StreamingModelFollowsCpu) {
     QUEST_REQUIRE_GPU();
     const ModelFolder m = open_model_folder(test::demo_model_dir());
-    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(m.dir), m.config));
-    auto round = [](std::vector<float>& v) {
-        for (float& x : v) x = half_to_float(float_to_half(x));
-    };
-    round(w->embed);
-    round(w->lm_head);
-    for (auto& l : w->layers)
-        for (auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) round(*v);
+    const auto w = test::fp16_rounded_weights(m);
     std::vector<int> prompt(500);
     for (int i = 0; i < 500; ++i) prompt[i] = 3 + (i * 53) % 500;
     for (GqaPolicy p : {GqaPolicy::KvMax, GqaPolicy::PerHead}) {
