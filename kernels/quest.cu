@@ -437,12 +437,17 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     // everything before it, and it does not trigger its dependents early), and the current token's append updates
     // only the metadata of its own page, P - 1; page P - 2 is excluded for margin. q, the last pages' metadata and
     // every write come after the wait.
+    // Every exit waits first: a grid that completes before the kernel it follows would let the kernel after it
+    // (which waits only on this one) run while that kernel still writes.
     int len, P;
-    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
+    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) {
+        pdl_wait();
+        return;
+    }
     const int tid = threadIdx.x;
     if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
+        pdl_wait();
         if constexpr (FUSED) {
-            pdl_wait();
             const int rows = per_head ? num_heads : num_kv_heads;
             const long long cells = static_cast<long long>(rows) * P;
             for (long long i = static_cast<long long>(blockIdx.x) * kScoreThreads + tid; i < cells;

@@ -104,7 +104,10 @@ void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv
 
 // How quest_decode launches its steps (benchmarks and tests compare the paths; the results are the same).
 struct QuestDecodeOptions {
-    bool fused = true;  // true: quest_page_scores_top_k + attention (2 launches); false: the 3 separate launches
+    // true: quest_page_scores_top_k + attention (2 launches); false (default): the 3 separate launches. Measured on
+    // the H200 (docs/measurements.md, 2026-11-29): the fused path is slower at 32K (41 vs 31 us per layer at
+    // B = 2048): the last block of each KV head runs the select on 128 threads after the scoring, a serial tail.
+    bool fused = false;
 };
 
 // Steps 1-3 for one layer (graph-capturable). scale: usually 1/sqrt(head_dim).

@@ -26,7 +26,7 @@ struct CudaOptions {
     bool use_graph = true;      // capture the decode step in a CUDA graph (false: launch kernel by kernel)
     size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
     bool profile = false;       // time kernel groups with events (eager launches, no graph): profile_report()
-    bool quest_fused = true;    // Quest layers: quest_decode's fused scoring + top-k (false: the separate launches)
+    bool quest_fused = false;   // Quest layers: quest_decode's fused scoring + top-k (default: the separate launches)
     // Linear layers: 0 keeps the checkpoint's storage (the 4-bit layers of quest-int4 / AutoAWQ folders stay int4,
     // fused dequantize + GEMV in the decode step); G > 0 stores every layer whose input dimension G divides in int4
     // with group G (FP16 checkpoints are quantized on load, round-to-nearest; random weights are drawn as int4);

@@ -25,13 +25,13 @@ for s in $stages; do
       ;;
     sanitizer)
       # memcheck on small models and kernels (slow under the tool: small cases only)
-      filter='CudaHfParity.*:CudaModel.Stories*:CudaModel.QuestSmall*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack'
+      filter='CudaHfParity.*:CudaModel.Stories*:CudaModel.QuestSmall*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches'
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
         > "$OUT/memcheck.log" 2>&1
       rc=$?
       summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
       timeout 120 compute-sanitizer --tool racecheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
-        --gtest_filter='CudaOps.AttentionDecodeInsideAGraph*:CudaHfParity.*/0:QuestCuda.GraphReplay*:CudaAttentionPrefill.NoSlack' \
+        --gtest_filter='QuestCuda.FusedDecodeMatchesSeparateLaunches:CudaOps.AttentionDecodeInsideAGraph*:CudaHfParity.*/0:QuestCuda.GraphReplay*:CudaAttentionPrefill.NoSlack' \
         > "$OUT/racecheck.log" 2>&1
       rc=$?
       summary+=("racecheck: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
@@ -51,7 +51,7 @@ for s in $stages; do
         --contexts 4096,32768 --budgets full,2048 --steps 64 --warmup 8 --page-size 16 --json "$OUT/bench-int4.json" \
         > "$OUT/bench-int4.log" 2>&1
       timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
-        --gtest_filter='CudaInt4.GemvAtOddSizes:CudaInt4.DequantizeToHalfIsBitExact:CudaInt4.GemvInsideAGraph*:*CudaInt4Parity*/1:CudaInt4Model.AwqFixture*' \
+        --gtest_filter='CudaInt4.GemvAtOddSizes:CudaInt4.GemvWithManyTilesPerWarp:CudaInt4.DequantizeToHalfIsBitExact:CudaInt4.GemvInsideAGraph*:*CudaInt4Parity*/1:CudaInt4Model.AwqFixture*' \
         > "$OUT/memcheck-int4.log" 2>&1
       summary+=("int4 memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-int4.log" | tail -1)")
       ;;
@@ -69,6 +69,24 @@ for s in $stages; do
         --json "$OUT/hf.json" > "$OUT/hf.log" 2>&1
       summary+=("transformers: rc=$? $(tr '\n' ' ' < "$OUT/hf.log" | tail -c 300)")
       ;;
+    quest)
+      # the Quest layer alone (fused score + top-k vs three launches) and the whole step without the fusion
+      "$BIN/quest_kernel_bench" quest --json "$OUT/kernels-quest.json" > "$OUT/kernels-quest.log" 2>&1
+      summary+=("quest kernel bench: rc=$?")
+      "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
+        --budgets 2048 --steps 64 --warmup 8 --page-size 16 --quest-fused --json "$OUT/bench-fused.json" \
+        > "$OUT/bench-fused.log" 2>&1
+      summary+=("bench --quest-fused: rc=$?")
+      ;;
+    eval)
+      # accuracy vs budget of the trained demo model (README): full, quest and streaming, pass keys at 1K-8K
+      for sel in quest streaming; do
+        "$BIN/quest" eval passkey -m models/demo --backend cuda --contexts 1024,2048,4096,8192 \
+          --budgets full,32,64,128,256 --samples 20 --selector $sel --json "$OUT/passkey-$sel.json" \
+          > "$OUT/passkey-$sel.log" 2>&1
+        summary+=("eval passkey $sel: rc=$?")
+      done
+      ;;
     fixtures)
       python3 tools/check_fixtures.py tests/fixtures/hf > "$OUT/fixtures.log" 2>&1
       summary+=("fixtures re-checked with the device's transformers: rc=$? $(tail -1 "$OUT/fixtures.log")")
@@ -81,6 +99,9 @@ for l in "${summary[@]}"; do echo "$l"; done
 [ -f "$OUT/bench.log" ] && grep -E "^(backend|cuda)" "$OUT/bench.log"
 [ -f "$OUT/kernels-int4.log" ] && grep -E "int4|own" "$OUT/kernels-int4.log" | head -40
 [ -f "$OUT/bench-int4.log" ] && grep -E "^(backend|cuda)" "$OUT/bench-int4.log"
+[ -f "$OUT/bench-fused.log" ] && { echo "fused:"; grep -E "^(backend|cuda)" "$OUT/bench-fused.log"; }
+[ -f "$OUT/kernels-quest.log" ] && grep -iE "fused|layer" "$OUT/kernels-quest.log" | head -40
 [ -f "$OUT/nograph.log" ] && grep -E "^(backend|cuda)" "$OUT/nograph.log"
+for sel in quest streaming; do [ -f "$OUT/passkey-$sel.log" ] && { echo "passkey $sel"; grep -E '^ +[0-9]+ ' "$OUT/passkey-$sel.log"; }; done
 [ -f "$OUT/breakdown.log" ] && grep -E "^  [a-z]|^context|breakdown" "$OUT/breakdown.log"
 true
