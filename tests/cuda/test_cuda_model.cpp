@@ -311,3 +311,42 @@ TEST(CudaModel, TrainedDemoPasskeyProtocolFollowsCpu) {
         EXPECT_EQ(a, b) << "context " << c.context << " budget " << c.budget;
     }
 }
+
+// Ctrl-C between prefill chunks on the GPU: the interrupted prefill is undone (position, and the metadata of the page
+// it started in), so the same prefill and decode steps afterwards give the logits of a backend never interrupted.
+TEST(CudaModel, PrefillInterruptLeavesNoTrace) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::demo_model_dir());
+    QuestSettings q;
+    q.page_size = 8;
+    q.budget = 16;
+    q.dense_layers = 1;
+    CudaOptions o;
+    o.prefill_chunk = 8;  // 30 tokens: four chunks, so interrupts can land between them
+    std::vector<int> first(5), second(30);
+    for (int i = 0; i < 5; ++i) first[i] = 3 + i * 11;
+    for (int i = 0; i < 30; ++i) second[i] = 5 + (i * 29) % 400;
+    auto fresh = CudaLlama::from_folder(m, q, 64, o);
+    fresh->prefill(first);
+    fresh->prefill(second);
+    std::vector<std::vector<float>> want;
+    for (int t : {7, 8, 9}) {
+        const auto l = fresh->decode(t);
+        want.emplace_back(l.begin(), l.end());
+    }
+    for (int stop_at : {1, 3}) {  // before the second chunk, before the fourth
+        auto b = CudaLlama::from_folder(m, q, 64, o);
+        b->prefill(first);
+        int checks = 0;
+        b->set_interrupt([&] { return ++checks >= stop_at; });
+        EXPECT_THROW(b->prefill(second), Interrupted) << "stop_at " << stop_at;
+        EXPECT_EQ(b->position(), 5);
+        b->set_interrupt({});
+        b->prefill(second);
+        for (size_t i = 0; i < want.size(); ++i) {
+            const auto l = b->decode(7 + static_cast<int>(i));
+            EXPECT_LE(test::rel_err(std::vector<float>(l.begin(), l.end()), want[i]), 1e-5)
+                << "stop_at " << stop_at << ", step " << i;
+        }
+    }
+}
