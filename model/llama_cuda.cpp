@@ -148,11 +148,20 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
     CUDA_CHECK(cudaMallocHost(&h_token_, sizeof(int)));
     CUDA_CHECK(cudaMallocHost(&h_logits_, sizeof(float) * c_.vocab_size));
     logits_host_.resize(c_.vocab_size);
-    size_t free_before = 0, free_after = 0;
-    CUDA_CHECK(cudaMemGetInfo(&free_before, &total_b));
+    size_t free_after = 0;
+    CUDA_CHECK(cudaMemGetInfo(&free_before_, &total_b));
     allocate();
     CUDA_CHECK(cudaMemGetInfo(&free_after, &total_b));
-    device_bytes_ = free_before - free_after;
+    device_bytes_ = free_before_ - free_after;
+}
+
+size_t CudaLlama::device_memory_bytes() const {
+    // What the device lost since this backend started allocating: its buffers plus what was allocated later on its
+    // behalf (cuBLAS workspaces at the first prefill, the all-logits buffer). Nothing is freed before destruction, so
+    // this is also the peak. Another process allocating at the same time would be counted too.
+    size_t free_now = 0, total = 0;
+    if (cudaMemGetInfo(&free_now, &total) != cudaSuccess || free_now > free_before_) return device_bytes_;
+    return std::max(device_bytes_, free_before_ - free_now);
 }
 
 CudaLlama::~CudaLlama() {

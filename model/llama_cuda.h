@@ -75,7 +75,7 @@ public:
     std::span<const float> prefill(std::span<const int> tokens, std::vector<float>* all_logits = nullptr) override;
     std::span<const float> decode(int token) override;
     double last_decode_ms() const override { return last_ms_; }
-    size_t device_memory_bytes() const override { return device_bytes_; }
+    size_t device_memory_bytes() const override;  // device memory held (and peak): see the definition
 
     const MemoryPlan& memory_plan() const { return plan_; }
     std::string profile_report() const override;
@@ -121,6 +121,7 @@ private:
     cudaGraphExec_t graph_ = nullptr;
     int decode_calls_ = 0;
     size_t device_bytes_ = 0;  // measured with cudaMemGetInfo around the allocations
+    size_t free_before_ = 0;   // free device memory before the first allocation
     // Profiling (CudaOptions::profile): events between kernel groups, milliseconds summed per group.
     std::vector<cudaEvent_t> profile_events_;
     std::vector<std::string> profile_names_;

@@ -362,7 +362,9 @@ TEST(AtomicFile, KilledWriterLeavesNoPartialFile) {
     EXPECT_EQ(listing(dir), std::vector<std::string>{"model.safetensors"});
     // Either the previous file or a complete new one, never a partial one.
     const std::string head = slurp(dir / "model.safetensors").substr(0, 22);
-    if (head != "previous complete file") EXPECT_NO_THROW(SafeTensorsFile::open(dir / "model.safetensors"));
+    if (head != "previous complete file") {
+        EXPECT_NO_THROW(SafeTensorsFile::open(dir / "model.safetensors"));
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
