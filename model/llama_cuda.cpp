@@ -113,7 +113,13 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
     quest_.validate();
     if (!quest_.full_attention && quest_.selector != PageSelector::Quest)
         throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
-                         "': the CUDA backend runs the quest selector only (streaming and oracle run on --backend cpu)");
+                         "': the CUDA backend runs the quest selector only (streaming, oracle and two-level run on "
+                         "--backend cpu)");
+    if (!quest_.full_attention && quest_.metadata != MetadataFormat::Fp16)
+        throw InputError("metadata '" + std::string(metadata_format_name(quest_.metadata)) +
+                         "': the CUDA backend keeps FP16 page metadata only (int8 bounds run on --backend cpu)");
+    if (!quest_.full_attention && quest_.mass_target > 0)
+        throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads K pages)");
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
     if (capacity < 1) throw InputError("context capacity must be >= 1");
