@@ -46,6 +46,22 @@ std::string QuestSettings::describe() const {
     return d;
 }
 
+std::string QuestSettings::policy_label() const {
+    if (full_attention) return "full";
+    const QuestSettings d;
+    std::string l(page_selector_name(selector));
+    if (metadata != MetadataFormat::Fp16) l += "+" + std::string(metadata_format_name(metadata));
+    if (page_size != d.page_size) l += "+S" + std::to_string(page_size);
+    if (selector == PageSelector::TwoLevel && sub_page != d.sub_page) l += "+s" + std::to_string(sub_page);
+    if (selector == PageSelector::TwoLevel && shortlist != d.shortlist) l += "+x" + std::to_string(shortlist);
+    if (mass_target > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "+p%g", mass_target);
+        l += buf;
+    }
+    return l;
+}
+
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source, const QuestSettings& base) {
     using nlohmann::json;
     json j;

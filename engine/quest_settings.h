@@ -29,7 +29,10 @@ struct QuestSettings {
     int cache_sub_page() const { return !full_attention && selector == PageSelector::TwoLevel ? sub_page : 0; }
     // Throws InputError naming the setting: page size a power of two in [1, 256], budget >= page size, ...
     void validate() const;
-    std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
+    std::string describe() const;
+    // The policy in `quest eval jsonl --policies` syntax (parse_policy_spec): the selector, then the options that
+    // differ from the defaults, e.g. "quest", "two-level+int8+s2", "quest+p0.95"; "full" under full attention.
+    std::string policy_label() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
 };
 
 // Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist,

@@ -568,6 +568,13 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_EQ(p.settings.shortlist, 3);
     EXPECT_EQ(p.settings.page_size, 8);
     EXPECT_DOUBLE_EQ(p.settings.mass_target, 0.9);
+    EXPECT_EQ(p.settings.policy_label(), "two-level+int8+S8+s2+x3+p0.9");
+    for (const char* spec : {"quest", "streaming", "oracle", "two-level", "quest+int8+S8", "two-level+s2+x2+p0.5"}) {
+        const QuestSettings a = parse_policy_spec(spec, base).settings;
+        const QuestSettings b = parse_policy_spec(a.policy_label(), base).settings;
+        EXPECT_EQ(a.describe(), b.describe()) << spec;
+        EXPECT_EQ(a.policy_label(), spec);
+    }
     EXPECT_THROW(parse_policy_spec("h2o", base), InputError);
     EXPECT_THROW(parse_policy_spec("quest+q3", base), InputError);
     EXPECT_THROW(parse_policy_spec("quest+S8x", base), InputError);
