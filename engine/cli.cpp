@@ -48,6 +48,7 @@ struct ModelFlags {
     std::optional<int> shortlist, sub_page;
     std::optional<double> mass_target;
     bool full_attention = false;
+    bool match_bytes = false;
     bool no_graph = false;
     bool profile = false;
     std::string memory_limit;  // --memory-limit: "" = what the device (or host) has free
@@ -72,6 +73,8 @@ struct ModelFlags {
         app.add_option("--mass-target", mass_target,
                        "adaptive budget: the fewest pages (at most B/S) whose estimated softmax share reaches this "
                        "(e.g. 0.95; 0 = off; CPU)");
+        app.add_flag("--match-bytes", match_bytes,
+                     "two-level: read as many sub-pages as fit in Quest's bytes per step (not B tokens; CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
         app.add_option("--memory-limit", memory_limit,
@@ -105,6 +108,7 @@ struct ModelFlags {
         if (shortlist) s.shortlist = *shortlist;
         if (sub_page) s.sub_page = *sub_page;
         if (mass_target) s.mass_target = *mass_target;
+        if (match_bytes) s.match_bytes = true;
         if (full_attention) s.full_attention = true;
         s.validate();
         return s;

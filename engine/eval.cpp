@@ -402,7 +402,7 @@ PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base)
     auto bad = [&](const std::string& why) {
         throw InputError("--policies: '" + spec + "': " + why +
                          " (expected name[+opt...], name quest|streaming|oracle|two-level, opts int8, fp16, S<page>, "
-                         "s<sub-page>, x<shortlist>, p<mass target>)");
+                         "s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched))");
     };
     while (std::getline(ss, item, '+')) {
         if (first) {
@@ -412,6 +412,10 @@ PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base)
         }
         if (item.empty()) bad("empty option");
         if (metadata_format_from_name(item, p.settings.metadata)) continue;
+        if (item == "m") {
+            p.settings.match_bytes = true;
+            continue;
+        }
         const char c = item[0];
         const std::string v = item.substr(1);
         try {

@@ -107,7 +107,7 @@ std::vector<JsonlPrompt> load_jsonl_set(const std::string& path, int max_samples
 
 // A policy: a page selector with its options, written `name[+opt...]` with name quest | streaming | oracle |
 // two-level and opts int8 / fp16 (metadata), S<n> (page size), s<n> (sub-page), x<n> (shortlist factor), p<f>
-// (mass target). E.g. "two-level+s4+x4", "quest+int8+S8", "quest+p0.95".
+// (mass target), m (two-level, bytes-matched). E.g. "two-level+s4+x4", "quest+int8+S8", "two-level+int8+s2+m".
 struct PolicySpec {
     std::string label;      // the spec as written
     QuestSettings settings; // budget set per row

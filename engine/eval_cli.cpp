@@ -23,6 +23,7 @@ struct EvalFlags {
     std::string gqa_policy, selector, metadata, set, policies = "quest";
     int shortlist = 0, sub_page = 0, jsonl_samples = 0;
     double mass_target = -1;
+    bool match_bytes = false;
     bool diagnostics = false;
     uint64_t seed = 1;
 };
@@ -61,6 +62,7 @@ QuestSettings base_settings(const EvalFlags& f) {
     if (f.shortlist > 0) q.shortlist = f.shortlist;
     if (f.sub_page > 0) q.sub_page = f.sub_page;
     if (f.mass_target >= 0) q.mass_target = f.mass_target;
+    if (f.match_bytes) q.match_bytes = true;
     q.budget = std::max(q.budget, q.page_size);
     return q;
 }
@@ -108,6 +110,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--shortlist", flags->shortlist, "two-level: pages shortlisted per selected page (default 4)");
         a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
         a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");
+        a->add_flag("--match-bytes", flags->match_bytes, "two-level: as many sub-pages as fit in Quest's bytes per step");
         a->add_flag("--diagnostics", flags->diagnostics,
                     "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
         a->add_option("--json", flags->json, "write the rows as JSON");

@@ -22,6 +22,7 @@ void QuestSettings::validate() const {
     if (!(mass_target >= 0.0 && mass_target <= 1.0)) bad("mass_target must be in [0, 1] (0: off), got " + std::to_string(mass_target));
     if (mass_target > 0 && (selector == PageSelector::Streaming || selector == PageSelector::Oracle))
         bad("mass_target (the adaptive budget) applies to the quest and two-level selectors");
+    if (match_bytes && selector != PageSelector::TwoLevel) bad("match_bytes applies to the two-level selector");
     if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
     if (selector == PageSelector::TwoLevel &&
         (sub_page < 1 || sub_page >= page_size || (sub_page & (sub_page - 1)) != 0))
@@ -43,6 +44,7 @@ std::string QuestSettings::describe() const {
         std::snprintf(buf, sizeof buf, " mass_target=%g", mass_target);
         d += buf;
     }
+    if (match_bytes) d += " match_bytes";
     return d;
 }
 
@@ -59,6 +61,7 @@ std::string QuestSettings::policy_label() const {
         std::snprintf(buf, sizeof buf, "+p%g", mass_target);
         l += buf;
     }
+    if (match_bytes) l += "+m";
     return l;
 }
 
@@ -95,6 +98,9 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
         else if (key == "mass_target") {
             if (!value.is_number()) fail("expected a number in [0, 1]");
             s.mass_target = value.get<double>();
+        } else if (key == "match_bytes") {
+            if (!value.is_boolean()) fail("expected true or false");
+            s.match_bytes = value.get<bool>();
         } else if (key == "metadata") {
             if (!value.is_string() || !metadata_format_from_name(value.get<std::string>(), s.metadata))
                 fail("expected \"fp16\" or \"int8\", got " + value.dump());
@@ -112,7 +118,7 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
             // comments
         } else {
             fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist, "
-                 "sub_page, mass_target, full_attention)");
+                 "sub_page, mass_target, match_bytes, full_attention)");
         }
     }
     try {

@@ -372,12 +372,36 @@ void oracle_policy_ref(const QuestSelectArgs& a, Selection& out) {
     }
 }
 
+TwoLevelBudget two_level_budget(const QuestSelectArgs& a) {
+    const int P = num_pages_of(a), last = P - 1, S = a.page_size, s = a.sub_page, per_page = S / s;
+    TwoLevelBudget b;
+    b.shortlist_pages = std::max(0, std::min(last, a.shortlist * (a.page_budget - 1)));
+    b.sub_pages = (a.page_budget - 1) * per_page;
+    if (!a.match_bytes) return b;
+    const int group = a.num_heads / a.num_kv_heads;
+    const int64_t rows = a.policy == GqaPolicy::PerHead ? group : 1;  // rows sharing one KV head's metadata
+    const int64_t kv_token = 4ll * a.head_dim, last_tokens = a.len - static_cast<int64_t>(last) * S;
+    const int64_t meta = page_metadata_bytes(a.metadata, a.head_dim);
+    // Quest's bytes for this KV head at this step (fp16 metadata of the complete pages, K pages per row).
+    const int64_t quest = static_cast<int64_t>(last) * page_metadata_bytes(MetadataFormat::Fp16, a.head_dim) +
+                          rows * (static_cast<int64_t>(a.page_budget - 1) * S + last_tokens) * kv_token;
+    const int64_t coarse = static_cast<int64_t>(a.mass_target > 0.0f ? P : last) * meta;
+    // The bytes left for the selected sub-pages with n pages shortlisted (each re-read with its sub-page codes).
+    auto left = [&](int64_t n) { return quest - coarse - rows * (n * (meta + per_page * 2ll * a.head_dim) + last_tokens * kv_token); };
+    while (b.shortlist_pages > 0 && left(b.shortlist_pages) < 0) --b.shortlist_pages;
+    const int64_t l = left(b.shortlist_pages);
+    const int64_t n = l <= 0 ? 0 : l / rows / (static_cast<int64_t>(s) * kv_token);
+    b.sub_pages = static_cast<int>(std::min<int64_t>(n, static_cast<int64_t>(b.shortlist_pages) * per_page));
+    return b;
+}
+
 void two_level_select_ref(const QuestSelectArgs& a, Selection& out) {
     const int P = num_pages_of(a), last = P - 1, S = a.page_size, s = a.sub_page, per_page = S / s;
     const bool adaptive = a.mass_target > 0.0f;
     out.block_size = s;
     for (int kvh = 0; kvh < a.num_kv_heads; ++kvh) out.reads.pages_scored += adaptive ? P : last;
-    const int shortlist_n = std::min(last, a.shortlist * (a.page_budget - 1));
+    const TwoLevelBudget budget = two_level_budget(a);
+    const int shortlist_n = budget.shortlist_pages;
     std::vector<float> lo, hi;
     std::vector<uint8_t> cmin(a.head_dim), cmax(a.head_dim);
     for (const Row& r : selection_rows(a)) {
@@ -423,7 +447,7 @@ void two_level_select_ref(const QuestSelectArgs& a, Selection& out) {
                 total.push_back(t + fx);
             }
         }
-        const std::vector<int> chosen = choose(a, aggregate(a, f), (a.page_budget - 1) * per_page, &est, &fixed, &total);
+        const std::vector<int> chosen = choose(a, aggregate(a, f), budget.sub_pages, &est, &fixed, &total);
         std::vector<int> blocks;
         for (int c : chosen) blocks.push_back(shortlist[c / per_page] * per_page + c % per_page);
         std::sort(blocks.begin(), blocks.end());

@@ -95,6 +95,11 @@ struct QuestSelectArgs {
     // prefix of the row's ranking whose ESTIMATED share of the softmax mass reaches mass_target for every query
     // head of the row, capped at the budget (adaptive_prefix_ref). Needs scale.
     float mass_target = 0.0f;
+    // TwoLevel: false = read (K-1) * S tokens besides the last page (the same tokens as Quest). true = bytes-matched:
+    // as many sub-pages as fit in the bytes Quest (fp16 metadata, K pages) would read at this step after our own
+    // metadata (two_level_matched_sub_pages): the metadata saved by int8 bounds buys KV tokens, and the fine
+    // metadata is paid for with KV tokens, so the step never reads more bytes than Quest's.
+    bool match_bytes = false;
 };
 
 // What one selecting step of one layer read, for the bytes model (selection_bytes). Counts are summed over the
@@ -190,5 +195,18 @@ void oracle_policy_ref(const QuestSelectArgs& a, Selection& out);
 // range, quantize_sub_page_u8_ref), GQA-aggregated the same way; with mass_target the adaptive prefix of the
 // sub-page ranking. The last page's sub-pages are always attended. block_size = sub_page.
 void two_level_select_ref(const QuestSelectArgs& a, Selection& out);
+// How much two-level reads per selection row at a selecting step.
+struct TwoLevelBudget {
+    int shortlist_pages = 0;  // pages shortlisted by the coarse bound
+    int sub_pages = 0;        // sub-pages selected from them (at most; fewer when the shortlist holds fewer)
+};
+// Without match_bytes: min(P-1, shortlist * (K-1)) pages, (K-1) * S / sub_page sub-pages (Quest's tokens).
+// With match_bytes (rows = selection rows sharing a KV head: 1, or the group under per-head; kv = 4 * head_dim):
+//   quest = (P-1) * 4 * head_dim + rows * ((K-1) * S + last) * kv        (Quest's bytes for the KV head)
+//   left(n) = quest - coarse - rows * (n * (page_meta + (S / sub_page) * 2 * head_dim) + last * kv)
+//   shortlist_pages = the largest n <= min(P-1, shortlist * (K-1)) with left(n) >= 0 (0 if none)
+//   sub_pages = min(floor(left / rows / (sub_page * kv)), shortlist_pages * S / sub_page)
+// so the step's selection_bytes never exceed Quest's (unless even the coarse pass and the last page do).
+TwoLevelBudget two_level_budget(const QuestSelectArgs& a);
 
 }  // namespace quest

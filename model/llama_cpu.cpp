@@ -148,6 +148,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 a.sub_page = quest_.sub_page;
                 a.shortlist = quest_.shortlist;
                 a.mass_target = static_cast<float>(quest_.mass_target);
+                a.match_bytes = quest_.match_bytes;
                 select_blocks_ref(a, sel);
                 const int64_t bytes = selection_bytes(sel.reads, D, quest_.metadata);
                 reads_.quest_layer_bytes += bytes;

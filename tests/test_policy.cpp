@@ -476,6 +476,48 @@ TEST(Policy, BytesModelByHand) {
     EXPECT_EQ(selection_bytes(sel.reads, 8, MetadataFormat::Fp16), 23 * 2 * 32);
 }
 
+TEST(Policy, BytesMatchedTwoLevelNeverReadsMoreThanQuest) {
+    std::mt19937 rng(21);
+    for (MetadataFormat fmt : {MetadataFormat::Fp16, MetadataFormat::Int8})
+        for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::PerHead})
+            for (int trial = 0; trial < 10; ++trial) {
+                const int kvh = 1 + trial % 2, group = 1 + trial % 4, nh = kvh * group, d = 7 + 10 * trial;
+                const int S = 8 << (trial % 2), s = 2 << (trial % 2), len = 301 + 97 * trial, K = 3 + 3 * trial;
+                Layer L(rng, kvh, d, S, s, len);
+                const auto q = random_vec(rng, size_t(nh) * d, 1.0f, 0.1f);
+                QuestSelectArgs a = L.args(q, nh, K, policy, PageSelector::Quest);
+                Selection quest_sel, ours;
+                select_blocks_ref(a, quest_sel);
+                const int64_t quest_bytes = selection_bytes(quest_sel.reads, d, MetadataFormat::Fp16);
+                a.selector = PageSelector::TwoLevel;
+                a.metadata = fmt;
+                a.match_bytes = true;
+                a.shortlist = 1 + trial % 4;
+                select_blocks_ref(a, ours);
+                const int64_t our_bytes = selection_bytes(ours.reads, d, fmt);
+                EXPECT_LE(our_bytes, quest_bytes) << "trial " << trial;
+                // Tight: one more sub-page per row would not fit, unless every shortlisted sub-page is read.
+                const int P = (len + S - 1) / S;
+                const int64_t listed_tokens = ours.reads.shortlist_pages * S;  // over rows
+                const int64_t read = ours.reads.kv_tokens - int64_t(ours.reads.rows) * (len - (P - 1) * S);
+                if (read < listed_tokens)
+                    EXPECT_GT(our_bytes + int64_t(ours.reads.rows) * s * 4 * d, quest_bytes) << "trial " << trial;
+                // The matched counts: the formula of two_level_budget, by hand.
+                const int rows_per_kv = policy == GqaPolicy::PerHead ? group : 1;
+                const int64_t last_tokens = len - (P - 1) * S, meta = page_metadata_bytes(fmt, d);
+                auto left = [&](int64_t n) {
+                    return (P - 1) * 4ll * d + rows_per_kv * ((K - 1) * S + last_tokens) * 4ll * d - (P - 1) * meta -
+                           rows_per_kv * (n * (meta + (S / s) * 2ll * d) + last_tokens * 4ll * d);
+                };
+                int64_t n = std::min(P - 1, a.shortlist * (K - 1));
+                while (n > 0 && left(n) < 0) --n;
+                const int64_t want = std::min<int64_t>(std::max<int64_t>(left(n), 0) / rows_per_kv / (s * 4ll * d), n * (S / s));
+                const TwoLevelBudget got = two_level_budget(a);
+                EXPECT_EQ(got.shortlist_pages, n);
+                EXPECT_EQ(got.sub_pages, want);
+            }
+}
+
 namespace {
 std::shared_ptr<LlamaWeightsF32> tiny_weights(const std::string& name) {
     const auto dir = test::temp_dir(name);
@@ -561,6 +603,8 @@ TEST(Policy, DecodingFromACopiedCacheEqualsDecodingAfterItsOwnPrefill) {
 
 TEST(Policy, PolicySpecsAndSettings) {
     const QuestSettings base;
+    EXPECT_TRUE(parse_policy_spec("two-level+int8+s2+m", base).settings.match_bytes);
+    EXPECT_THROW(parse_quest_settings(R"({"match_bytes": true})", "t.json"), InputError);  // quest: not two-level
     PolicySpec p = parse_policy_spec("two-level+int8+s2+x3+S8+p0.9", base);
     EXPECT_EQ(p.settings.selector, PageSelector::TwoLevel);
     EXPECT_EQ(p.settings.metadata, MetadataFormat::Int8);
@@ -569,7 +613,8 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_EQ(p.settings.page_size, 8);
     EXPECT_DOUBLE_EQ(p.settings.mass_target, 0.9);
     EXPECT_EQ(p.settings.policy_label(), "two-level+int8+S8+s2+x3+p0.9");
-    for (const char* spec : {"quest", "streaming", "oracle", "two-level", "quest+int8+S8", "two-level+s2+x2+p0.5"}) {
+    for (const char* spec : {"quest", "streaming", "oracle", "two-level", "quest+int8+S8", "two-level+s2+x2+p0.5",
+                             "two-level+int8+s2+m"}) {
         const QuestSettings a = parse_policy_spec(spec, base).settings;
         const QuestSettings b = parse_policy_spec(a.policy_label(), base).settings;
         EXPECT_EQ(a.describe(), b.describe()) << spec;
