@@ -22,7 +22,8 @@ void QuestSettings::validate() const {
     if (!(mass_target >= 0.0 && mass_target <= 1.0)) bad("mass_target must be in [0, 1] (0: off), got " + std::to_string(mass_target));
     if (mass_target > 0 && (selector == PageSelector::Streaming || selector == PageSelector::Oracle))
         bad("mass_target (the adaptive budget) applies to the quest and two-level selectors");
-    if (match_bytes && selector != PageSelector::TwoLevel) bad("match_bytes applies to the two-level selector");
+    if (match_bytes && selector != PageSelector::TwoLevel && selector != PageSelector::Quest)
+        bad("match_bytes applies to the quest and two-level selectors");
     if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
     if (selector == PageSelector::TwoLevel &&
         (sub_page < 1 || sub_page >= page_size || (sub_page & (sub_page - 1)) != 0))

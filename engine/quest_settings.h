@@ -21,7 +21,7 @@ struct QuestSettings {
     int shortlist = 4;        // two-level: pages shortlisted = shortlist * (K - 1)
     int sub_page = 4;         // two-level: tokens per sub-page (power of two < page_size)
     double mass_target = 0;   // adaptive budget: 0 off, else (0, 1]: fewest pages whose estimated mass reaches it
-    bool match_bytes = false; // two-level: read as many sub-pages as fit in Quest's bytes at the step (not B tokens)
+    bool match_bytes = false; // quest, two-level: read as many (sub-)pages as fit in fp16 Quest's bytes at the step
 
     int page_budget() const { return budget / page_size; }  // K
     // True when layer `l` runs Quest selection (it may still be dense while the sequence has <= K pages).

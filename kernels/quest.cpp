@@ -314,6 +314,19 @@ std::vector<int> choose(const QuestSelectArgs& a, const std::vector<float>& row_
 
 }  // namespace
 
+int quest_matched_pages(const QuestSelectArgs& a) {
+    const int P = num_pages_of(a), last = P - 1, S = a.page_size;
+    const int group = a.num_heads / a.num_kv_heads;
+    const int64_t rows = a.policy == GqaPolicy::PerHead ? group : 1;
+    const int64_t kv_token = 4ll * a.head_dim, last_tokens = a.len - static_cast<int64_t>(last) * S;
+    const int64_t quest = static_cast<int64_t>(last) * page_metadata_bytes(MetadataFormat::Fp16, a.head_dim) +
+                          rows * (static_cast<int64_t>(a.page_budget - 1) * S + last_tokens) * kv_token;
+    const int64_t ours = static_cast<int64_t>(a.mass_target > 0.0f ? P : last) * page_metadata_bytes(a.metadata, a.head_dim) +
+                         rows * last_tokens * kv_token;
+    const int64_t n = quest <= ours ? 0 : (quest - ours) / rows / (static_cast<int64_t>(S) * kv_token);
+    return static_cast<int>(std::min<int64_t>(n, last));
+}
+
 void quest_policy_ref(const QuestSelectArgs& a, Selection& out) {
     const int P = num_pages_of(a), last = P - 1, S = a.page_size;
     const bool adaptive = a.mass_target > 0.0f;
@@ -338,7 +351,8 @@ void quest_policy_ref(const QuestSelectArgs& a, Selection& out) {
                 uh.resize(last);
             }
         }
-        std::vector<int> pages = choose(a, aggregate(a, u), a.page_budget - 1, &est, &fixed, &total);
+        const int n_pages = a.match_bytes ? quest_matched_pages(a) : a.page_budget - 1;
+        std::vector<int> pages = choose(a, aggregate(a, u), n_pages, &est, &fixed, &total);
         std::sort(pages.begin(), pages.end());
         pages.push_back(last);
         assign_row(r, pages, S, a.len, out);

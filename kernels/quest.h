@@ -95,6 +95,7 @@ struct QuestSelectArgs {
     // prefix of the row's ranking whose ESTIMATED share of the softmax mass reaches mass_target for every query
     // head of the row, capped at the budget (adaptive_prefix_ref). Needs scale.
     float mass_target = 0.0f;
+    // Quest with int8 metadata: true = as many pages as fit in fp16 Quest's bytes (quest_matched_pages).
     // TwoLevel: false = read (K-1) * S tokens besides the last page (the same tokens as Quest). true = bytes-matched:
     // as many sub-pages as fit in the bytes Quest (fp16 metadata, K pages) would read at this step after our own
     // metadata (two_level_matched_sub_pages): the metadata saved by int8 bounds buys KV tokens, and the fine
@@ -184,8 +185,12 @@ std::vector<int> ranking_ref(const float* scores, int n);
 // cover every token of the last page; KV tokens read never exceed the budget's (K - 1) * S plus the last page's.
 
 // Quest: per selection row, the top-(K-1) complete pages by the GQA-aggregated bound U (a.metadata: exact or int8),
-// or with mass_target the adaptive prefix of that ranking. block_size = S.
+// or with mass_target the adaptive prefix of that ranking; with match_bytes the top quest_matched_pages(a). block_size = S.
 void quest_policy_ref(const QuestSelectArgs& a, Selection& out);
+// Bytes-matched Quest (match_bytes, meant with int8 metadata): the pages besides the last that fit in the bytes
+// fp16 Quest reads at this step, min(P-1, floor((quest - meta - rows * last * kv) / rows / (S * kv))) with quest,
+// rows and kv as in two_level_budget and meta = the scored pages' metadata in a.metadata.
+int quest_matched_pages(const QuestSelectArgs& a);
 // Streaming: the first page and the K-2 most recent complete pages (query-independent). block_size = S.
 void streaming_policy_ref(const QuestSelectArgs& a, Selection& out);
 // Oracle: the top-(K-1) complete pages by the GQA-aggregated true softmax mass. block_size = S.

@@ -518,6 +518,35 @@ TEST(Policy, BytesMatchedTwoLevelNeverReadsMoreThanQuest) {
             }
 }
 
+TEST(Policy, BytesMatchedQuestInt8ReadsMorePagesInNoMoreBytes) {
+    std::mt19937 rng(22);
+    for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::PerHead})
+        for (int trial = 0; trial < 10; ++trial) {
+            const int kvh = 1 + trial % 2, group = 1 + trial % 4, nh = kvh * group, d = 9 + 8 * trial;
+            const int S = 4 << (trial % 3), len = 403 + 71 * trial, K = 2 + 2 * trial;
+            Layer L(rng, kvh, d, S, 0, len);
+            const auto q = random_vec(rng, size_t(nh) * d, 1.0f, -0.1f);
+            QuestSelectArgs a = L.args(q, nh, K, policy, PageSelector::Quest);
+            Selection fp16, ours, plain8;
+            select_blocks_ref(a, fp16);
+            a.metadata = MetadataFormat::Int8;
+            select_blocks_ref(a, plain8);
+            a.match_bytes = true;
+            select_blocks_ref(a, ours);
+            const int64_t budget = selection_bytes(fp16.reads, d, MetadataFormat::Fp16);
+            const int64_t used = selection_bytes(ours.reads, d, MetadataFormat::Int8);
+            const int P = (len + S - 1) / S, rows = ours.reads.rows;
+            EXPECT_LE(used, budget) << "trial " << trial;
+            if (int(ours.blocks[0].size()) - 1 < P - 1)  // one more page per row would not fit
+                EXPECT_GT(used + int64_t(rows) * S * 4 * d, budget) << "trial " << trial;
+            EXPECT_GE(ours.reads.kv_tokens, plain8.reads.kv_tokens);
+            // The same ranking: the matched selection extends the int8 top-(K-1).
+            for (int h = 0; h < nh; ++h)
+                EXPECT_TRUE(std::includes(ours.blocks[h].begin(), ours.blocks[h].end(), plain8.blocks[h].begin(),
+                                          plain8.blocks[h].end()));
+        }
+}
+
 namespace {
 std::shared_ptr<LlamaWeightsF32> tiny_weights(const std::string& name) {
     const auto dir = test::temp_dir(name);
@@ -604,7 +633,7 @@ TEST(Policy, DecodingFromACopiedCacheEqualsDecodingAfterItsOwnPrefill) {
 TEST(Policy, PolicySpecsAndSettings) {
     const QuestSettings base;
     EXPECT_TRUE(parse_policy_spec("two-level+int8+s2+m", base).settings.match_bytes);
-    EXPECT_THROW(parse_quest_settings(R"({"match_bytes": true})", "t.json"), InputError);  // quest: not two-level
+    EXPECT_THROW(parse_quest_settings(R"({"match_bytes": true, "selector": "oracle"})", "t.json"), InputError);
     PolicySpec p = parse_policy_spec("two-level+int8+s2+x3+S8+p0.9", base);
     EXPECT_EQ(p.settings.selector, PageSelector::TwoLevel);
     EXPECT_EQ(p.settings.metadata, MetadataFormat::Int8);
@@ -614,7 +643,7 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_DOUBLE_EQ(p.settings.mass_target, 0.9);
     EXPECT_EQ(p.settings.policy_label(), "two-level+int8+S8+s2+x3+p0.9");
     for (const char* spec : {"quest", "streaming", "oracle", "two-level", "quest+int8+S8", "two-level+s2+x2+p0.5",
-                             "two-level+int8+s2+m"}) {
+                             "two-level+int8+s2+m", "quest+int8+m"}) {
         const QuestSettings a = parse_policy_spec(spec, base).settings;
         const QuestSettings b = parse_policy_spec(a.policy_label(), base).settings;
         EXPECT_EQ(a.describe(), b.describe()) << spec;
