@@ -67,7 +67,7 @@ struct ModelFlags {
         app.add_option("--selector", selector, "page selector: quest (default), streaming (first + recent pages), "
                                                "oracle (true attention mass; evaluation only, CPU), two-level "
                                                "(coarse shortlist re-ranked by sub-page bounds; CPU)");
-        app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default) or int8 (CPU)");
+        app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default), int8 or int4 (CPU)");
         app.add_option("--shortlist", shortlist, "two-level: pages shortlisted per selected page (default 4)");
         app.add_option("--sub-page", sub_page, "two-level: tokens per sub-page (default 4)");
         app.add_option("--mass-target", mass_target,
@@ -104,7 +104,7 @@ struct ModelFlags {
         if (selector && !page_selector_from_name(*selector, s.selector))
             throw InputError("--selector: expected quest, streaming, oracle or two-level, got '" + *selector + "'");
         if (metadata && !metadata_format_from_name(*metadata, s.metadata))
-            throw InputError("--metadata: expected fp16 or int8, got '" + *metadata + "'");
+            throw InputError("--metadata: expected fp16, int8 or int4, got '" + *metadata + "'");
         if (shortlist) s.shortlist = *shortlist;
         if (sub_page) s.sub_page = *sub_page;
         if (mass_target) s.mass_target = *mass_target;

@@ -401,7 +401,7 @@ PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base)
     bool first = true;
     auto bad = [&](const std::string& why) {
         throw InputError("--policies: '" + spec + "': " + why +
-                         " (expected name[+opt...], name quest|streaming|oracle|two-level, opts int8, fp16, S<page>, "
+                         " (expected name[+opt...], name quest|streaming|oracle|two-level, opts int8, int4, fp16, S<page>, "
                          "s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched))");
     };
     while (std::getline(ss, item, '+')) {

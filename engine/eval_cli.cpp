@@ -58,7 +58,7 @@ QuestSettings base_settings(const EvalFlags& f) {
     if (!f.selector.empty() && !page_selector_from_name(f.selector, q.selector))
         throw InputError("--selector: expected quest, streaming, oracle or two-level, got '" + f.selector + "'");
     if (!f.metadata.empty() && !metadata_format_from_name(f.metadata, q.metadata))
-        throw InputError("--metadata: expected fp16 or int8, got '" + f.metadata + "'");
+        throw InputError("--metadata: expected fp16, int8 or int4, got '" + f.metadata + "'");
     if (f.shortlist > 0) q.shortlist = f.shortlist;
     if (f.sub_page > 0) q.sub_page = f.sub_page;
     if (f.mass_target >= 0) q.mass_target = f.mass_target;
@@ -106,7 +106,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--dense-layers", flags->dense_layers, "layers that always use full attention");
         a->add_option("--gqa-policy", flags->gqa_policy, "kv-max, kv-sum or per-head");
         a->add_option("--selector", flags->selector, "quest, streaming (first + recent pages), oracle or two-level");
-        a->add_option("--metadata", flags->metadata, "page bounds: fp16 (exact) or int8");
+        a->add_option("--metadata", flags->metadata, "page bounds: fp16 (exact), int8 or int4");
         a->add_option("--shortlist", flags->shortlist, "two-level: pages shortlisted per selected page (default 4)");
         a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
         a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");

@@ -104,7 +104,7 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
             s.match_bytes = value.get<bool>();
         } else if (key == "metadata") {
             if (!value.is_string() || !metadata_format_from_name(value.get<std::string>(), s.metadata))
-                fail("expected \"fp16\" or \"int8\", got " + value.dump());
+                fail("expected \"fp16\", \"int8\" or \"int4\", got " + value.dump());
         }
         else if (key == "full_attention") {
             if (!value.is_boolean()) fail("expected true or false");

@@ -29,11 +29,11 @@ bool gqa_policy_from_name(std::string_view s, GqaPolicy& out) {
 }
 
 std::string_view metadata_format_name(MetadataFormat f) {
-    return f == MetadataFormat::Int8 ? "int8" : "fp16";
+    return f == MetadataFormat::Int8 ? "int8" : f == MetadataFormat::Int4 ? "int4" : "fp16";
 }
 
 bool metadata_format_from_name(std::string_view name, MetadataFormat& out) {
-    for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8})
+    for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
         if (name == metadata_format_name(f)) {
             out = f;
             return true;
@@ -103,23 +103,29 @@ void page_metadata_update_ref(float* kmin, float* kmax, const float* key, int he
 // ---------------------------------------------------------------- quantized bounds
 
 Int8Page quantize_page_int8_ref(const float* kmin, const float* kmax, int head_dim) {
+    return quantize_page_codes_ref(kmin, kmax, head_dim, MetadataFormat::Int8);
+}
+
+Int8Page quantize_page_codes_ref(const float* kmin, const float* kmax, int head_dim, MetadataFormat f) {
+    const int qmax = f == MetadataFormat::Int4 ? 7 : 127, qmin = -qmax - 1;
+    const float fq = static_cast<float>(qmax);
     Int8Page p;
     p.cmin.assign(head_dim, 0);
     p.cmax.assign(head_dim, 0);
     float amax = 0.0f;
     for (int i = 0; i < head_dim; ++i) amax = std::max({amax, std::abs(kmin[i]), std::abs(kmax[i])});
     if (amax == 0.0f) return p;  // every key 0: codes 0, scale 0 decode exactly
-    float scale = amax / 127.0f;
-    while (127.0f * scale < amax) scale = std::nextafter(scale, INFINITY);
+    float scale = amax / fq;
+    while (fq * scale < amax) scale = std::nextafter(scale, INFINITY);
     p.scale = scale;
     for (int i = 0; i < head_dim; ++i) {
         int lo = static_cast<int>(std::floor(kmin[i] / scale));
         int hi = static_cast<int>(std::ceil(kmax[i] / scale));
-        lo = std::clamp(lo, -128, 127);
-        hi = std::clamp(hi, -128, 127);
+        lo = std::clamp(lo, qmin, qmax);
+        hi = std::clamp(hi, qmin, qmax);
         // fp32 division can land one code on the wrong side: step outward until the decoded value encloses.
-        while (lo > -128 && static_cast<float>(lo) * scale > kmin[i]) --lo;
-        while (hi < 127 && static_cast<float>(hi) * scale < kmax[i]) ++hi;
+        while (lo > qmin && static_cast<float>(lo) * scale > kmin[i]) --lo;
+        while (hi < qmax && static_cast<float>(hi) * scale < kmax[i]) ++hi;
         p.cmin[i] = static_cast<int8_t>(lo);
         p.cmax[i] = static_cast<int8_t>(hi);
     }
@@ -165,7 +171,9 @@ float sub_page_score_u8_ref(const float* q, const uint8_t* cmin, const uint8_t* 
 // ---------------------------------------------------------------- the bytes model
 
 int64_t page_metadata_bytes(MetadataFormat f, int head_dim) {
-    return f == MetadataFormat::Int8 ? 2ll * head_dim + 4 : 2ll * head_dim * 2;
+    if (f == MetadataFormat::Int8) return 2ll * head_dim + 4;
+    if (f == MetadataFormat::Int4) return static_cast<int64_t>(head_dim) + 4;  // two 4-bit codes per channel
+    return 2ll * head_dim * 2;
 }
 
 int64_t selection_bytes(const SelectionReads& r, int head_dim, MetadataFormat f) {
@@ -269,8 +277,8 @@ void page_range(const QuestSelectArgs& a, int kvh, int p, std::vector<float>& lo
     const float* mx = page_max(a, kvh, p);
     lo.assign(mn, mn + a.head_dim);
     hi.assign(mx, mx + a.head_dim);
-    if (a.metadata == MetadataFormat::Int8) {
-        const Int8Page c = quantize_page_int8_ref(mn, mx, a.head_dim);
+    if (a.metadata != MetadataFormat::Fp16) {
+        const Int8Page c = quantize_page_codes_ref(mn, mx, a.head_dim, a.metadata);
         for (int i = 0; i < a.head_dim; ++i) {
             lo[i] = static_cast<float>(c.cmin[i]) * c.scale;
             hi[i] = static_cast<float>(c.cmax[i]) * c.scale;
@@ -286,7 +294,8 @@ std::vector<float> page_bounds(const QuestSelectArgs& a, int h, int kvh, int n) 
         page_scores_ref(u.data(), q_of(a, h), a.kmin + off, a.kmax + off, n, a.head_dim);
     } else {
         for (int p = 0; p < n; ++p)
-            u[p] = page_score_int8_ref(q_of(a, h), quantize_page_int8_ref(page_min(a, kvh, p), page_max(a, kvh, p), a.head_dim));
+            u[p] = page_score_int8_ref(q_of(a, h),
+                                       quantize_page_codes_ref(page_min(a, kvh, p), page_max(a, kvh, p), a.head_dim, a.metadata));
     }
     return u;
 }

@@ -42,6 +42,7 @@ enum class MetadataFormat {
     Fp16,  // kmin/kmax as stored (the keys' own precision: exact); 2 * head_dim values of 2 bytes per page
     Int8,  // int8 codes with one fp32 scale per page, kmin rounded down and kmax rounded up (still a true bound);
            // 2 * head_dim + 4 bytes per page (quantize_page_int8_ref)
+    Int4,  // the same with 4-bit codes in [-8, 7]: head_dim + 4 bytes per page (quantize_page_codes_ref)
 };
 std::string_view metadata_format_name(MetadataFormat f);
 bool metadata_format_from_name(std::string_view name, MetadataFormat& out);
@@ -124,7 +125,7 @@ struct Selection {
 
 // THE bytes model (docs/quest.md, "Bytes per step"): the bytes one selecting step of one layer reads, with the KV
 // cache in FP16 (2 bytes per value, as on the GPU):
-//   pages_scored * page_metadata_bytes(format) + shortlist_pages * page_metadata_bytes(format)
+//   pages_scored * page_metadata_bytes(format) + shortlist_pages * page_metadata_bytes(format)  [4d | 2d+4 | d+4]
 //   + sub_pages_scored * 2 * head_dim (uint8 min and max) + keys_scanned * 2 * head_dim (the oracle's key pass)
 //   + kv_tokens * 4 * head_dim (key and value).
 // A dense layer or step is kv_tokens = tokens * KV heads and nothing else.
@@ -152,6 +153,9 @@ struct Int8Page {
     std::vector<int8_t> cmin, cmax;        // [head_dim]
 };
 Int8Page quantize_page_int8_ref(const float* kmin, const float* kmax, int head_dim);
+// The same rule for a metadata format's code range: int8 [-128, 127] with 127 * scale >= max, int4 [-8, 7] with
+// 7 * scale >= max (the codes are held in int8 either way). Fp16 is not a code format (use the exact values).
+Int8Page quantize_page_codes_ref(const float* kmin, const float* kmax, int head_dim, MetadataFormat f);
 // U8(p, q) = scale * sum_i max(q_i * cmin_i, q_i * cmax_i) >= U(p, q) (up to fp32 rounding).
 float page_score_int8_ref(const float* q, const Int8Page& p);
 

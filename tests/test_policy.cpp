@@ -124,6 +124,7 @@ std::vector<int> heads_of_row(GqaPolicy p, int h, int group) {
 
 TEST(Policy, Int8PageBoundEnclosesAndBoundsEveryKey) {
     std::mt19937 rng(11);
+    for (MetadataFormat fmt : {MetadataFormat::Int8, MetadataFormat::Int4})
     for (int trial = 0; trial < 24; ++trial) {
         const int d = 5 + 2 * trial, S = 1 << (1 + trial % 5), len = 31 + 17 * trial;
         Layer L(rng, 1, d, S, 0, len);
@@ -132,9 +133,12 @@ TEST(Policy, Int8PageBoundEnclosesAndBoundsEveryKey) {
         for (int p = 0; p < P; ++p) {
             const float* mn = L.cache.kmin(0) + size_t(p) * d;
             const float* mx = L.cache.kmax(0) + size_t(p) * d;
-            const Int8Page c = quantize_page_int8_ref(mn, mx, d);
+            const Int8Page c = quantize_page_codes_ref(mn, mx, d, fmt);
             ASSERT_GT(c.scale, 0.0f);
+            const int qmax = fmt == MetadataFormat::Int4 ? 7 : 127;
             for (int i = 0; i < d; ++i) {
+                EXPECT_GE(c.cmin[i], -qmax - 1);
+                EXPECT_LE(c.cmax[i], qmax);
                 EXPECT_LE(float(c.cmin[i]) * c.scale, mn[i]) << "kmin rounded down";
                 EXPECT_GE(float(c.cmax[i]) * c.scale, mx[i]) << "kmax rounded up";
                 EXPECT_LE(c.cmin[i], c.cmax[i]);
@@ -202,7 +206,8 @@ TEST(Policy, QuestInt8MatchesBruteForce) {
             Layer L(rng, kvh, d, S, 0, len);
             const auto q = random_vec(rng, size_t(nh) * d, 1.5f, 0.3f);
             QuestSelectArgs a = L.args(q, nh, K, policy, PageSelector::Quest);
-            a.metadata = MetadataFormat::Int8;
+            const MetadataFormat fmt = trial % 2 ? MetadataFormat::Int4 : MetadataFormat::Int8;
+            a.metadata = fmt;
             Selection sel;
             select_blocks_ref(a, sel);
             const int P = (len + S - 1) / S;
@@ -213,7 +218,7 @@ TEST(Policy, QuestInt8MatchesBruteForce) {
                 std::vector<float> agg(P - 1);
                 for (int p = 0; p < P - 1; ++p) {
                     L.range(h / group, p * S, (p + 1) * S, mn, mx);
-                    const Int8Page c = quantize_page_int8_ref(mn.data(), mx.data(), d);
+                    const Int8Page c = quantize_page_codes_ref(mn.data(), mx.data(), d, fmt);
                     std::vector<float> per;
                     for (int hh : heads_of_row(policy, h, group)) per.push_back(page_score_int8_ref(q.data() + hh * d, c));
                     agg[p] = aggregate(policy, per);
@@ -229,7 +234,7 @@ TEST(Policy, QuestInt8MatchesBruteForce) {
 
 TEST(Policy, TwoLevelMatchesBruteForce) {
     std::mt19937 rng(14);
-    for (MetadataFormat fmt : {MetadataFormat::Fp16, MetadataFormat::Int8})
+    for (MetadataFormat fmt : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
         for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
             for (int trial = 0; trial < 10; ++trial) {
                 const int kvh = 1 + trial % 2, group = 1 + trial % 3, nh = kvh * group, d = 9 + 6 * trial;
@@ -255,8 +260,8 @@ TEST(Policy, TwoLevelMatchesBruteForce) {
                     std::vector<std::vector<float>> plo(P - 1), phi(P - 1);
                     for (int p = 0; p < P - 1; ++p) {
                         L.range(kv, p * S, (p + 1) * S, mn, mx);
-                        if (fmt == MetadataFormat::Int8) {
-                            const Int8Page c = quantize_page_int8_ref(mn.data(), mx.data(), d);
+                        if (fmt != MetadataFormat::Fp16) {
+                            const Int8Page c = quantize_page_codes_ref(mn.data(), mx.data(), d, fmt);
                             for (int i = 0; i < d; ++i) {
                                 mn[i] = float(c.cmin[i]) * c.scale;
                                 mx[i] = float(c.cmax[i]) * c.scale;
@@ -446,10 +451,11 @@ TEST(Policy, BytesModelByHand) {
     EXPECT_EQ(sel.reads.pages_scored, 10);
     EXPECT_EQ(sel.reads.kv_tokens, 22);
     EXPECT_EQ(selection_bytes(sel.reads, 8, MetadataFormat::Fp16), 320 + 704);
-    // Int8 metadata: 10 pages x (16 + 4) = 200.
+    // Int8 metadata: 10 pages x (16 + 4) = 200; int4: 10 x (8 + 4) = 120.
     a.metadata = MetadataFormat::Int8;
     select_blocks_ref(a, sel);
     EXPECT_EQ(selection_bytes(sel.reads, 8, MetadataFormat::Int8), 200 + 704);
+    EXPECT_EQ(selection_bytes(sel.reads, 8, MetadataFormat::Int4), 120 + 704);
     // Two-level, int8, shortlist 1 x (K - 1) = 2 pages, sub-pages of 2: coarse 200; the 2 shortlisted pages re-read
     // (2 x 20 per KV head = 80 in all) with their 2 sub-pages each (4 x 16 bytes per KV head = 128 in all); KV the same 704.
     a.selector = PageSelector::TwoLevel;
@@ -529,12 +535,12 @@ TEST(Policy, BytesMatchedQuestInt8ReadsMorePagesInNoMoreBytes) {
             QuestSelectArgs a = L.args(q, nh, K, policy, PageSelector::Quest);
             Selection fp16, ours, plain8;
             select_blocks_ref(a, fp16);
-            a.metadata = MetadataFormat::Int8;
+            a.metadata = trial % 2 ? MetadataFormat::Int4 : MetadataFormat::Int8;
             select_blocks_ref(a, plain8);
             a.match_bytes = true;
             select_blocks_ref(a, ours);
             const int64_t budget = selection_bytes(fp16.reads, d, MetadataFormat::Fp16);
-            const int64_t used = selection_bytes(ours.reads, d, MetadataFormat::Int8);
+            const int64_t used = selection_bytes(ours.reads, d, a.metadata);
             const int P = (len + S - 1) / S, rows = ours.reads.rows;
             EXPECT_LE(used, budget) << "trial " << trial;
             if (int(ours.blocks[0].size()) - 1 < P - 1)  // one more page per row would not fit
@@ -643,7 +649,7 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_DOUBLE_EQ(p.settings.mass_target, 0.9);
     EXPECT_EQ(p.settings.policy_label(), "two-level+int8+S8+s2+x3+p0.9");
     for (const char* spec : {"quest", "streaming", "oracle", "two-level", "quest+int8+S8", "two-level+s2+x2+p0.5",
-                             "two-level+int8+s2+m", "quest+int8+m"}) {
+                             "two-level+int8+s2+m", "quest+int8+m", "quest+int4+m"}) {
         const QuestSettings a = parse_policy_spec(spec, base).settings;
         const QuestSettings b = parse_policy_spec(a.policy_label(), base).settings;
         EXPECT_EQ(a.describe(), b.describe()) << spec;
@@ -660,7 +666,7 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_THROW(parse_quest_settings(R"({"selector": "two-level", "sub_page": 16})", "t.json"), InputError);
     EXPECT_THROW(parse_quest_settings(R"({"mass_target": 1.5})", "t.json"), InputError);
     EXPECT_THROW(parse_quest_settings(R"({"selector": "oracle", "mass_target": 0.5})", "t.json"), InputError);
-    EXPECT_THROW(parse_quest_settings(R"({"metadata": "int4"})", "t.json"), InputError);
+    EXPECT_THROW(parse_quest_settings(R"({"metadata": "int2"})", "t.json"), InputError);
 }
 
 TEST(Policy, JsonlSetRunsEveryPolicyFromOnePrefill) {
