@@ -6,6 +6,8 @@
 #include <sstream>
 
 #include "kernels/quant.h"
+#include "kernels/quest.h"
+#include "model/llama_cpu.h"
 #include "model/error.h"
 #include "model/quantize.h"
 #include "tokenizer/tokenizer.h"
@@ -38,6 +40,26 @@ std::string apply_weights(BackendOptions& o, const std::string& spec, const std:
 }
 
 }  // namespace
+
+std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const QuestSettings& q, int len) {
+    const int S = q.page_size, P = (len + S - 1) / S, K = q.page_budget(), D = c.head_dim, NKV = c.num_kv_heads;
+    double total = 0, meta = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+        SelectionReads r = dense_reads(len, NKV);
+        if (q.quest_layer(l) && P > K) {
+            const int rows = q.gqa_policy == GqaPolicy::PerHead ? c.num_heads : NKV;
+            r = SelectionReads{};
+            // The streaming selector scores nothing: its pages follow from the position alone.
+            r.pages_scored = q.selector == PageSelector::Streaming ? 0 : static_cast<int64_t>(P - 1) * NKV;
+            r.kv_tokens = static_cast<int64_t>(rows) * ((K - 1) * S + (len - (P - 1) * S));
+            r.rows = rows;
+        }
+        const int64_t b = selection_bytes(r, D, MetadataFormat::Fp16);
+        total += static_cast<double>(b);
+        meta += static_cast<double>(b - r.kv_tokens * 4ll * D);
+    }
+    return {total, meta};
+}
 
 std::vector<std::string> parse_weights_list(const std::string& s) {
     std::vector<std::string> out;
@@ -119,10 +141,16 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             progress("  prefill " + std::to_string(ctx) + " tokens: " + std::to_string(row.prefill_s) + " s");
             std::vector<double> ms;
             size_t bytes = 0;
+            auto* cpu = dynamic_cast<CpuLlama*>(b.get());
+            std::pair<double, double> model_bytes{0, 0};
             for (int i = 0; i < r.warmup + r.steps; ++i) {
+                if (i == r.warmup && cpu) cpu->reset_read_stats();
                 b->decode(tok(rng));
                 if (i >= r.warmup) ms.push_back(b->last_decode_ms());
-                if (i == r.warmup + r.steps / 2) bytes = backend_decode_bytes(*b);
+                if (i == r.warmup + r.steps / 2) {
+                    bytes = backend_decode_bytes(*b);
+                    model_bytes = quest_step_bytes_model(config, o.quest, b->position());
+                }
             }
             row.backend = b->name();
             row.weights = wlabel;
@@ -132,6 +160,15 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             row.ms = summarize_latency(ms);
             row.tokens_per_s = 1000.0 / row.ms.mean;
             row.bytes = bytes;
+            row.selector = o.quest.policy_label();
+            if (cpu) {
+                const ReadStats& st = cpu->read_stats();
+                row.attention_bytes = st.bytes_per_step();
+                row.metadata_bytes = st.metadata_bytes_per_step();
+            } else {
+                row.attention_bytes = model_bytes.first;
+                row.metadata_bytes = model_bytes.second;
+            }
             row.gbps = static_cast<double>(bytes) / (row.ms.p50 * 1e-3) / 1e9;
             row.device_memory = b->device_memory_bytes();
             if (const std::string report = b->profile_report(); !report.empty()) progress(report);
@@ -147,16 +184,20 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
 std::string bench_table(const std::vector<BenchRow>& rows) {
     std::ostringstream o;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%-7s %-9s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s\n", "backend", "weights",
-                  "context", "budget", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "tok/s", "GB/step", "GB/s", "prefill_s");
+    std::snprintf(buf, sizeof buf, "%-7s %-9s %-16s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s %11s %11s\n", "backend",
+                  "weights", "policy", "context", "budget", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "tok/s", "GB/step", "GB/s",
+                  "prefill_s", "attn_KiB", "meta_KiB");
     o << buf;
     for (const BenchRow& r : rows) {
-        std::snprintf(buf, sizeof buf, "%-7s %-9s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f\n",
-                      r.backend.c_str(), r.weights.c_str(), r.context,
+        std::snprintf(buf, sizeof buf,
+                      "%-7s %-9s %-16s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f %11.1f %11.1f\n",
+                      r.backend.c_str(), r.weights.c_str(), r.selector.c_str(), r.context,
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.ms.p50, r.ms.p90, r.ms.p99, r.ms.mean,
-                      r.tokens_per_s, r.bytes / 1e9, r.gbps, r.prefill_s);
+                      r.tokens_per_s, r.bytes / 1e9, r.gbps, r.prefill_s, r.attention_bytes / 1024.0,
+                      r.metadata_bytes / 1024.0);
         o << buf;
     }
+
     return o.str();
 }
 
@@ -175,6 +216,9 @@ std::string bench_json(const std::vector<BenchRow>& rows) {
                      {"steps", r.ms.count},
                      {"tokens_per_s", r.tokens_per_s},
                      {"bytes", r.bytes},
+                     {"selector", r.selector},
+                     {"attention_bytes", r.attention_bytes},
+                     {"metadata_bytes", r.metadata_bytes},
                      {"gbps", r.gbps},
                      {"prefill_s", r.prefill_s},
                      {"device_memory", r.device_memory}});
@@ -183,11 +227,13 @@ std::string bench_json(const std::vector<BenchRow>& rows) {
 
 std::string bench_csv(const std::vector<BenchRow>& rows) {
     std::ostringstream o;
-    o << "backend,weights,context,budget,page_size,p50,p90,p99,mean,tokens_per_s,bytes,gbps,prefill_s,device_memory\n";
+    o << "backend,weights,context,budget,page_size,p50,p90,p99,mean,tokens_per_s,bytes,gbps,prefill_s,device_memory,"
+         "policy,attention_bytes,metadata_bytes\n";
     for (const BenchRow& r : rows)
         o << r.backend << ',' << r.weights << ',' << r.context << ',' << (r.budget ? std::to_string(r.budget) : "full")
           << ',' << r.page_size << ',' << r.ms.p50 << ',' << r.ms.p90 << ',' << r.ms.p99 << ',' << r.ms.mean << ','
-          << r.tokens_per_s << ',' << r.bytes << ',' << r.gbps << ',' << r.prefill_s << ',' << r.device_memory << '\n';
+          << r.tokens_per_s << ',' << r.bytes << ',' << r.gbps << ',' << r.prefill_s << ',' << r.device_memory << ','
+          << r.selector << ',' << r.attention_bytes << ',' << r.metadata_bytes << '\n';
     return o.str();
 }
 

@@ -5,6 +5,7 @@
 // must read and the achieved GB/s, prefill seconds and device memory.
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "engine/backend_factory.h"
@@ -35,10 +36,21 @@ struct BenchRow {
     LatencyStats ms;
     double tokens_per_s = 0;
     size_t bytes = 0;     // bytes one step must read (mid-run position)
+    std::string selector = "quest";  // the page-selection policy (QuestSettings::policy_label; "full")
+    // The bytes model of the attention (kernels/quest.h selection_bytes: FP16 KV and metadata), per decode step,
+    // every layer: measured over the timed steps on the CPU backend (every selector), counted from the quest rule on
+    // CUDA (quest_step_bytes_model at the mid-run position).
+    double attention_bytes = 0;
+    double metadata_bytes = 0;  // the metadata part of attention_bytes
     double gbps = 0;      // bytes / p50
     double prefill_s = 0;
     size_t device_memory = 0;
 };
+
+// The bytes model for the quest selector without running it: what one decode step over `len` tokens reads in every
+// layer (the dense layers' KV; in a Quest layer the metadata of the complete pages and the KV of K pages, or every
+// token when P <= K). Returns {attention bytes, metadata bytes}.
+std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const QuestSettings& q, int len);
 
 std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress);
 // --weights: comma-separated fp16, int4 (group 128) or int4-g<G> (G a power of two >= 32), normalised to "fp16"

@@ -44,8 +44,11 @@ struct ModelFlags {
     std::string quest_config;
     std::optional<int> budget, page_size, dense_layers;
     std::optional<std::string> gqa_policy;
-    std::optional<std::string> selector;
+    std::optional<std::string> selector, metadata;
+    std::optional<int> shortlist, sub_page;
+    std::optional<double> mass_target;
     bool full_attention = false;
+    bool match_bytes = false;
     bool no_graph = false;
     bool quest_fused = false;
     bool profile = false;
@@ -63,7 +66,16 @@ struct ModelFlags {
         app.add_option("--dense-layers", dense_layers, "layers that always use full attention");
         app.add_option("--gqa-policy", gqa_policy, "page selection for grouped heads: kv-max, kv-sum, per-head");
         app.add_option("--selector", selector, "page selector: quest (default), streaming (first + recent pages), "
-                                               "oracle (true attention mass; evaluation only, CPU)");
+                                               "oracle (true attention mass; evaluation only, CPU), two-level "
+                                               "(coarse shortlist re-ranked by sub-page bounds; CPU)");
+        app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default), int8 or int4 (CPU)");
+        app.add_option("--shortlist", shortlist, "two-level: pages shortlisted per selected page (default 4)");
+        app.add_option("--sub-page", sub_page, "two-level: tokens per sub-page (default 4)");
+        app.add_option("--mass-target", mass_target,
+                       "adaptive budget: the fewest pages (at most B/S) whose estimated softmax share reaches this "
+                       "(e.g. 0.95; 0 = off; CPU)");
+        app.add_flag("--match-bytes", match_bytes,
+                     "two-level: read as many sub-pages as fit in Quest's bytes per step (not B tokens; CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
         app.add_flag("--quest-fused", quest_fused,
@@ -95,7 +107,13 @@ struct ModelFlags {
         if (gqa_policy && !gqa_policy_from_name(*gqa_policy, s.gqa_policy))
             throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + *gqa_policy + "'");
         if (selector && !page_selector_from_name(*selector, s.selector))
-            throw InputError("--selector: expected quest, streaming or oracle, got '" + *selector + "'");
+            throw InputError("--selector: expected quest, streaming, oracle or two-level, got '" + *selector + "'");
+        if (metadata && !metadata_format_from_name(*metadata, s.metadata))
+            throw InputError("--metadata: expected fp16, int8 or int4, got '" + *metadata + "'");
+        if (shortlist) s.shortlist = *shortlist;
+        if (sub_page) s.sub_page = *sub_page;
+        if (mass_target) s.mass_target = *mass_target;
+        if (match_bytes) s.match_bytes = true;
         if (full_attention) s.full_attention = true;
         s.validate();
         return s;

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "engine/sampler.h"
+#include "model/atomic_file.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
 
@@ -82,6 +83,51 @@ void add_steps(std::vector<int>& total, const std::vector<int>& s) {
     for (size_t i = 0; i < s.size(); ++i) total[i] += s[i];
 }
 
+// Adds the backend's read counters into `acc` (sums; bytes_finish turns them into means).
+void bytes_collect(const Backend& b, ReadStats& acc) {
+    const auto* cpu = dynamic_cast<const CpuLlama*>(&b);
+    if (!cpu) return;
+    const ReadStats& r = cpu->read_stats();
+    acc.steps += r.steps;
+    acc.quest_layer_bytes += r.quest_layer_bytes;
+    acc.metadata_bytes += r.metadata_bytes;
+    acc.dense_layer_bytes += r.dense_layer_bytes;
+    acc.selecting_steps += r.selecting_steps;
+    acc.selecting_rows += r.selecting_rows;
+    acc.selected_tokens += r.selected_tokens;
+}
+
+BytesSummary bytes_finish(const ReadStats& r) {
+    BytesSummary b;
+    b.valid = r.steps > 0;
+    b.bytes_per_step = r.bytes_per_step();
+    b.quest_bytes_per_step = r.quest_bytes_per_step();
+    b.metadata_bytes_per_step = r.metadata_bytes_per_step();
+    b.tokens_per_row = r.tokens_per_row();
+    b.steps = r.steps;
+    return b;
+}
+
+void reset_reads(Backend& b) {
+    if (auto* cpu = dynamic_cast<CpuLlama*>(&b)) cpu->reset_read_stats();
+}
+
+nlohmann::json bytes_json(const BytesSummary& b) {
+    if (!b.valid) return nullptr;
+    return {{"bytes_per_step", b.bytes_per_step},
+            {"quest_layer_bytes_per_step", b.quest_bytes_per_step},
+            {"metadata_bytes_per_step", b.metadata_bytes_per_step},
+            {"kv_tokens_per_row", b.tokens_per_row},
+            {"steps", b.steps}};
+}
+
+std::string kib(const BytesSummary& b, double v) {
+    if (!b.valid) return "-";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.1f", v / 1024.0);
+    return buf;
+}
+
 QuestSettings settings_for(const QuestSettings& base, int budget) {
     QuestSettings q = base;
     q.full_attention = budget == 0;
@@ -148,10 +194,12 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
             row.context = ctx;
             row.budget = budget;
             std::vector<int> steps_total;
+            ReadStats reads;
             Sampler greedy({0.0f, 0, 1.0f, 0});
             for (size_t i = 0; i < prompts.size(); ++i) {
                 const PasskeyPrompt& p = prompts[i];
                 backend->reset();
+                reset_reads(*backend);
                 if (r.diagnostics) dynamic_cast<CpuLlama&>(*backend).set_selection_diagnostics(true);
                 std::span<const float> logits = backend->prefill(p.prefill);
                 for (int t : p.question) logits = backend->decode(t);  // one by one: Quest selects for each
@@ -181,8 +229,10 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
                 row.ok.push_back(ok);
                 collect(*backend, row.selection);
                 add_steps(steps_total, steps_of(*backend));
+                bytes_collect(*backend, reads);
             }
             finish(row.selection, steps_total);
+            row.bytes = bytes_finish(reads);
             char line[200];
             std::snprintf(line, sizeof line, "passkey context %d %s: %d/%d", ctx,
                           budget ? ("B=" + std::to_string(budget)).c_str() : "full", row.correct, row.samples);
@@ -224,6 +274,9 @@ std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, cons
             if (t + 1 < ids.size()) logits = backend->decode(ids[t]);
         }
         row.nll = nll / row.tokens;
+        ReadStats reads;
+        bytes_collect(*backend, reads);
+        row.bytes = bytes_finish(reads);
         collect(*backend, row.selection);
         finish(row.selection, steps_of(*backend));
         char line[160];
@@ -238,12 +291,13 @@ std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, cons
 std::string passkey_table(const std::vector<PasskeyRow>& rows) {
     std::ostringstream o;
     char buf[200];
-    std::snprintf(buf, sizeof buf, "%8s %7s %8s %9s %14s %12s\n", "context", "budget", "correct", "accuracy",
-                  "selected_mass", "oracle_mass");
+    std::snprintf(buf, sizeof buf, "%8s %7s %8s %9s %10s %10s %14s %12s\n", "context", "budget", "correct", "accuracy",
+                  "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
     o << buf;
     for (const auto& r : rows) {
-        std::snprintf(buf, sizeof buf, "%8d %7s %4d/%-3d %8.0f%% %14s %12s\n", r.context,
+        std::snprintf(buf, sizeof buf, "%8d %7s %4d/%-3d %8.0f%% %10s %10s %14s %12s\n", r.context,
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.correct, r.samples, 100 * r.accuracy(),
+                      kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
                       r.selection.valid ? std::to_string(r.selection.selected_mass).substr(0, 6).c_str() : "-",
                       r.selection.valid ? std::to_string(r.selection.oracle_mass).substr(0, 6).c_str() : "-");
         o << buf;
@@ -261,6 +315,7 @@ std::string passkey_json(const std::vector<PasskeyRow>& rows) {
                      {"accuracy", r.accuracy()},
                      {"depths_percent", r.depths_percent},
                      {"ok", r.ok},
+                     {"bytes", bytes_json(r.bytes)},
                      {"selection", selection_json(r.selection)}});
     return a.dump(2) + "\n";
 }
@@ -268,12 +323,13 @@ std::string passkey_json(const std::vector<PasskeyRow>& rows) {
 std::string ppl_table(const std::vector<PplRow>& rows) {
     std::ostringstream o;
     char buf[200];
-    std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s %14s %12s\n", "budget", "tokens", "nll", "perplexity",
-                  "selected_mass", "oracle_mass");
+    std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s %10s %10s %14s %12s\n", "budget", "tokens", "nll", "perplexity",
+                  "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
     o << buf;
     for (const auto& r : rows) {
-        std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f %14s %12s\n",
+        std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f %10s %10s %14s %12s\n",
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.tokens, r.nll, r.ppl(),
+                      kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
                       r.selection.valid ? std::to_string(r.selection.selected_mass).substr(0, 6).c_str() : "-",
                       r.selection.valid ? std::to_string(r.selection.oracle_mass).substr(0, 6).c_str() : "-");
         o << buf;
@@ -288,6 +344,254 @@ std::string ppl_json(const std::vector<PplRow>& rows) {
                      {"tokens", r.tokens},
                      {"nll", r.nll},
                      {"perplexity", r.ppl()},
+                     {"bytes", bytes_json(r.bytes)},
+                     {"selection", selection_json(r.selection)}});
+    return a.dump(2) + "\n";
+}
+
+// ---------------------------------------------------------------- JSONL retrieval sets
+
+std::vector<JsonlPrompt> load_jsonl_set(const std::string& path, int max_samples) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw InputError(path + ": cannot open (--set)");
+    std::vector<JsonlPrompt> out;
+    std::string line;
+    int n = 0;
+    auto ids = [&](const nlohmann::json& j, const char* key) {
+        if (!j.contains(key) || !j[key].is_array()) throw InputError(path + ":" + std::to_string(n) + ": no '" + key + "' array");
+        std::vector<int> v;
+        for (const auto& x : j[key]) {
+            if (!x.is_number_integer()) throw InputError(path + ":" + std::to_string(n) + ": '" + key + "' holds a non-integer");
+            v.push_back(x.get<int>());
+        }
+        return v;
+    };
+    while (std::getline(in, line)) {
+        ++n;
+        if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+        if (max_samples > 0 && static_cast<int>(out.size()) >= max_samples) break;
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(line);
+        } catch (const nlohmann::json::exception& e) {
+            throw InputError(path + ":" + std::to_string(n) + ": not valid JSON: " + e.what());
+        }
+        JsonlPrompt p;
+        p.id = j.value("id", std::to_string(n));
+        p.context = j.value("context", 0);
+        p.prefill = ids(j, "prefill_ids");
+        p.question = ids(j, "question_ids");
+        if (!j.contains("answer") || !j["answer"].is_string()) throw InputError(path + ":" + std::to_string(n) + ": no 'answer' string");
+        p.answer = j["answer"].get<std::string>();
+        if (p.prefill.empty() || p.question.empty() || p.answer.empty() ||
+            p.answer.find_first_not_of("0123456789") != std::string::npos || p.answer.size() > 18)
+            throw InputError(path + ":" + std::to_string(n) + ": empty prefill/question or an answer that is not digits");
+        out.push_back(std::move(p));
+    }
+    if (out.empty()) throw InputError(path + ": no prompts");
+    return out;
+}
+
+PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base) {
+    PolicySpec p;
+    p.label = spec;
+    p.settings = base;
+    std::stringstream ss(spec);
+    std::string item;
+    bool first = true;
+    auto bad = [&](const std::string& why) {
+        throw InputError("--policies: '" + spec + "': " + why +
+                         " (expected name[+opt...], name quest|streaming|oracle|two-level, opts int8, int4, fp16, S<page>, "
+                         "s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched))");
+    };
+    while (std::getline(ss, item, '+')) {
+        if (first) {
+            if (!page_selector_from_name(item, p.settings.selector)) bad("unknown selector '" + item + "'");
+            first = false;
+            continue;
+        }
+        if (item.empty()) bad("empty option");
+        if (metadata_format_from_name(item, p.settings.metadata)) continue;
+        if (item == "m") {
+            p.settings.match_bytes = true;
+            continue;
+        }
+        const char c = item[0];
+        const std::string v = item.substr(1);
+        try {
+            size_t used = 0;
+            if (c == 'p') {
+                p.settings.mass_target = std::stod(v, &used);
+            } else {
+                const int x = std::stoi(v, &used);
+                if (c == 'S') p.settings.page_size = x;
+                else if (c == 's') p.settings.sub_page = x;
+                else if (c == 'x') p.settings.shortlist = x;
+                else bad("unknown option '" + item + "'");
+            }
+            if (used != v.size()) bad("bad number in '" + item + "'");
+        } catch (const std::logic_error&) {
+            bad("bad number in '" + item + "'");
+        }
+    }
+    if (first) bad("empty");
+    return p;
+}
+
+namespace {
+
+// Greedy answer of at most 8 tokens from `logits` on, up to the first '.' or newline; true when its first integer
+// equals `answer`.
+bool answer_matches(Backend& b, const Tokenizer& tok, std::span<const float> logits, const std::string& answer) {
+    constexpr int kAnswerTokens = 8;
+    Sampler greedy({0.0f, 0, 1.0f, 0});
+    std::string text;
+    for (int s = 0; s < kAnswerTokens; ++s) {
+        const int t = greedy.sample(logits);
+        if (b.config().is_eos(t)) break;
+        const std::vector<int> one = {t};
+        text += tok.decode(one);
+        if (text.find_first_of("\n.") != std::string::npos) break;
+        if (s + 1 < kAnswerTokens) logits = b.decode(t);
+    }
+    std::string digits;
+    for (char ch : text)
+        if (std::isdigit(static_cast<unsigned char>(ch))) digits += ch;
+        else if (!digits.empty()) break;
+    auto strip = [](const std::string& d) {
+        const size_t i = d.find_first_not_of('0');
+        return i == std::string::npos ? std::string("0") : d.substr(i);
+    };
+    return !digits.empty() && strip(digits) == strip(answer);
+}
+
+}  // namespace
+
+std::vector<JsonlRow> run_jsonl(const BackendMaker& make, const Tokenizer& tok, const JsonlRequest& r,
+                                const std::function<void(const std::string&)>& progress) {
+    if (r.budgets.empty()) throw InputError("eval jsonl: --budgets must not be empty");
+    const std::vector<JsonlPrompt> prompts = load_jsonl_set(r.set, r.samples);
+    constexpr int kAnswerTokens = 8;
+    int capacity = 0;
+    for (const auto& p : prompts)
+        capacity = std::max<int>(capacity, static_cast<int>(p.prefill.size() + p.question.size()) + kAnswerTokens);
+    // The configurations: full attention once, then every (policy, budget).
+    struct Config {
+        JsonlRow row;
+        QuestSettings settings;
+        std::unique_ptr<Backend> backend;
+        std::vector<int> steps_total;
+        ReadStats reads;
+    };
+    std::vector<Config> configs;
+    const std::vector<std::string> policies = r.policies.empty() ? std::vector<std::string>{"quest"} : r.policies;
+    for (int budget : r.budgets) {
+        if (budget == 0) {
+            Config c;
+            c.row.policy = "full";
+            c.settings = settings_for(r.base, 0);
+            configs.push_back(std::move(c));
+            continue;
+        }
+        for (const std::string& spec : policies) {
+            Config c;
+            const PolicySpec ps = parse_policy_spec(spec, r.base);
+            c.row.policy = ps.label;
+            c.row.budget = budget;
+            c.settings = settings_for(ps.settings, budget);
+            configs.push_back(std::move(c));
+        }
+    }
+    for (Config& c : configs) {
+        c.backend = make(c.settings, capacity);
+        enable_diagnostics(*c.backend, r.diagnostics);
+        c.row.page_size = c.settings.page_size;
+    }
+    // The shared prefill: a full-attention CPU backend whose cache every CPU configuration copies.
+    std::unique_ptr<Backend> base = make(settings_for(r.base, 0), capacity);
+    auto* base_cpu = dynamic_cast<CpuLlama*>(base.get());
+    std::vector<JsonlRow> rows;
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        const JsonlPrompt& p = prompts[i];
+        base->reset();
+        std::span<const float> base_logits = base->prefill(p.prefill);
+        const std::vector<float> prefill_logits(base_logits.begin(), base_logits.end());
+        std::string line = "prompt " + std::to_string(i + 1) + "/" + std::to_string(prompts.size()) + " " + p.id + ":";
+        for (Config& c : configs) {
+            Backend& b = *c.backend;
+            b.reset();
+            if (r.diagnostics) dynamic_cast<CpuLlama&>(b).set_selection_diagnostics(true);
+            reset_reads(b);
+            std::span<const float> logits;
+            auto* cpu = dynamic_cast<CpuLlama*>(&b);
+            if (cpu && base_cpu) {
+                cpu->copy_cache_from(*base_cpu);
+                logits = prefill_logits;
+            } else {
+                logits = b.prefill(p.prefill);
+            }
+            for (int t : p.question) logits = b.decode(t);
+            const bool ok = answer_matches(b, tok, logits, p.answer);
+            c.row.context = p.context;
+            c.row.samples++;
+            c.row.correct += ok;
+            c.row.ids.push_back(p.id);
+            c.row.ok.push_back(ok);
+            collect(b, c.row.selection);
+            add_steps(c.steps_total, steps_of(b));
+            bytes_collect(b, c.reads);
+            line += " " + std::string(ok ? "+" : "-");
+        }
+        progress(line);
+        if (!r.partial_json.empty() || i + 1 == prompts.size()) {
+            rows.clear();
+            for (const Config& c : configs) {
+                JsonlRow row = c.row;
+                finish(row.selection, c.steps_total);
+                row.bytes = bytes_finish(c.reads);
+                rows.push_back(std::move(row));
+            }
+            if (!r.partial_json.empty()) write_file_atomic(r.partial_json, jsonl_json(rows));
+        }
+    }
+    return rows;
+}
+
+std::string jsonl_table(const std::vector<JsonlRow>& rows) {
+    std::ostringstream o;
+    char buf[300];
+    std::snprintf(buf, sizeof buf, "%8s %-24s %7s %8s %9s %10s %10s %10s %11s %14s %12s\n", "context", "policy", "budget",
+                  "correct", "accuracy", "KiB/step", "quest_KiB", "meta_KiB", "tokens/row", "selected_mass",
+                  "oracle_mass");
+    o << buf;
+    for (const auto& r : rows) {
+        char tok[32] = "-";
+        if (r.bytes.valid && r.bytes.tokens_per_row > 0) std::snprintf(tok, sizeof tok, "%.1f", r.bytes.tokens_per_row);
+        std::snprintf(buf, sizeof buf, "%8d %-24s %7s %4d/%-3d %8.0f%% %10s %10s %10s %11s %14s %12s\n", r.context,
+                      r.policy.c_str(), r.budget ? std::to_string(r.budget).c_str() : "full", r.correct, r.samples,
+                      100 * r.accuracy(), kib(r.bytes, r.bytes.bytes_per_step).c_str(),
+                      kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
+                      kib(r.bytes, r.bytes.metadata_bytes_per_step).c_str(), tok,
+                      r.selection.valid ? std::to_string(r.selection.selected_mass).substr(0, 6).c_str() : "-",
+                      r.selection.valid ? std::to_string(r.selection.oracle_mass).substr(0, 6).c_str() : "-");
+        o << buf;
+    }
+    return o.str();
+}
+
+std::string jsonl_json(const std::vector<JsonlRow>& rows) {
+    nlohmann::json a = nlohmann::json::array();
+    for (const auto& r : rows)
+        a.push_back({{"context", r.context},
+                     {"policy", r.policy},
+                     {"budget", r.budget ? nlohmann::json(r.budget) : nlohmann::json("full")},
+                     {"page_size", r.page_size},
+                     {"samples", r.samples},
+                     {"correct", r.correct},
+                     {"accuracy", r.accuracy()},
+                     {"ids", r.ids},
+                     {"ok", r.ok},
+                     {"bytes", bytes_json(r.bytes)},
                      {"selection", selection_json(r.selection)}});
     return a.dump(2) + "\n";
 }

@@ -28,6 +28,17 @@ struct SelectionSummary {
     std::vector<std::vector<double>> per_layer_head_selected, per_layer_head_oracle;  // [layer][head] means
 };
 
+// The bytes model (kernels/quest.h selection_bytes: FP16 KV and metadata), means per decode step over every decode
+// step of a row (CPU backend; invalid otherwise).
+struct BytesSummary {
+    bool valid = false;
+    double bytes_per_step = 0;           // attention bytes over all layers (the dense layers' KV included)
+    double quest_bytes_per_step = 0;     // the Quest layers only (layers >= dense_layers): metadata + KV
+    double metadata_bytes_per_step = 0;  // the metadata part of quest_bytes_per_step
+    double tokens_per_row = 0;           // KV tokens a selection row read at a selecting step (P > K)
+    int64_t steps = 0;                   // decode steps counted
+};
+
 struct PasskeyRequest {
     std::vector<int> contexts;  // tokens
     std::vector<int> budgets;   // 0 = full attention
@@ -42,6 +53,7 @@ struct PasskeyRow {
     double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
     std::vector<int> depths_percent;  // per sample
     std::vector<bool> ok;             // per sample
+    BytesSummary bytes;
     SelectionSummary selection;
 };
 
@@ -71,11 +83,61 @@ struct PplRow {
     int tokens = 0;   // tokens scored through the decode path
     double nll = 0;   // mean negative log-likelihood (nats)
     double ppl() const;
+    BytesSummary bytes;
     SelectionSummary selection;
 };
 
 std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, const PplRequest& r,
                             const std::function<void(const std::string&)>& progress);
+
+// ---- JSONL retrieval sets (tools/make_retrieval_data.py eval-set; docs/training.md) ----
+// One prompt per line with prefill_ids, question_ids and answer (digits). Protocol: prefill prefill_ids with the full
+// cache, feed question_ids one by one through decode (the selector picks pages for each), greedy-decode at most 8
+// tokens up to the first '.', exact match of the integer. Each prompt is prefilled ONCE and every (policy, budget)
+// decodes from a copy of that cache (CPU backend; a CUDA backend prefills per policy).
+struct JsonlPrompt {
+    std::string id;
+    int context = 0;             // the set's nominal context
+    std::vector<int> prefill;    // BOS first
+    std::vector<int> question;
+    std::string answer;          // the digits
+};
+// Reads the first max_samples prompts (0: all) of a set; InputError naming the line otherwise.
+std::vector<JsonlPrompt> load_jsonl_set(const std::string& path, int max_samples);
+
+// A policy: a page selector with its options, written `name[+opt...]` with name quest | streaming | oracle |
+// two-level and opts int8 / fp16 (metadata), S<n> (page size), s<n> (sub-page), x<n> (shortlist factor), p<f>
+// (mass target), m (two-level, bytes-matched). E.g. "two-level+s4+x4", "quest+int8+S8", "two-level+int8+s2+m".
+struct PolicySpec {
+    std::string label;      // the spec as written
+    QuestSettings settings; // budget set per row
+};
+PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base);
+
+struct JsonlRequest {
+    std::string set;                    // path
+    int samples = 0;                    // first N prompts (0: all)
+    std::vector<int> budgets;           // 0 = full attention (one row, whatever the policies)
+    std::vector<std::string> policies;  // parse_policy_spec
+    bool diagnostics = false;
+    QuestSettings base;
+    std::string partial_json;           // if set: the rows so far are written here after every prompt
+};
+
+struct JsonlRow {
+    int context = 0, budget = 0, page_size = 0, samples = 0, correct = 0;
+    std::string policy;  // label ("full" for full attention)
+    double accuracy() const { return samples ? static_cast<double>(correct) / samples : 0.0; }
+    std::vector<std::string> ids;
+    std::vector<bool> ok;
+    BytesSummary bytes;
+    SelectionSummary selection;
+};
+
+std::vector<JsonlRow> run_jsonl(const BackendMaker& make, const Tokenizer& tok, const JsonlRequest& r,
+                                const std::function<void(const std::string&)>& progress);
+std::string jsonl_table(const std::vector<JsonlRow>& rows);
+std::string jsonl_json(const std::vector<JsonlRow>& rows);
 
 std::string passkey_table(const std::vector<PasskeyRow>& rows);
 std::string passkey_json(const std::vector<PasskeyRow>& rows);

@@ -20,7 +20,10 @@ namespace {
 struct EvalFlags {
     std::string model, backend = "cpu", contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text;
     int samples = 10, page_size = 0, dense_layers = -1, window = 0, max_tokens = 0;
-    std::string gqa_policy, selector;
+    std::string gqa_policy, selector, metadata, set, policies = "quest";
+    int shortlist = 0, sub_page = 0, jsonl_samples = 0;
+    double mass_target = -1;
+    bool match_bytes = false;
     bool diagnostics = false;
     uint64_t seed = 1;
 };
@@ -53,7 +56,13 @@ QuestSettings base_settings(const EvalFlags& f) {
     if (!f.gqa_policy.empty() && !gqa_policy_from_name(f.gqa_policy, q.gqa_policy))
         throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + f.gqa_policy + "'");
     if (!f.selector.empty() && !page_selector_from_name(f.selector, q.selector))
-        throw InputError("--selector: expected quest, streaming or oracle, got '" + f.selector + "'");
+        throw InputError("--selector: expected quest, streaming, oracle or two-level, got '" + f.selector + "'");
+    if (!f.metadata.empty() && !metadata_format_from_name(f.metadata, q.metadata))
+        throw InputError("--metadata: expected fp16, int8 or int4, got '" + f.metadata + "'");
+    if (f.shortlist > 0) q.shortlist = f.shortlist;
+    if (f.sub_page > 0) q.sub_page = f.sub_page;
+    if (f.mass_target >= 0) q.mass_target = f.mass_target;
+    if (f.match_bytes) q.match_bytes = true;
     q.budget = std::max(q.budget, q.page_size);
     return q;
 }
@@ -86,7 +95,7 @@ void progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str
 EvalCommand add_eval_command(CLI::App& parent) {
     auto flags = std::make_shared<EvalFlags>();
     EvalCommand cmd;
-    cmd.app = parent.add_subcommand("eval", "Quality of sparse attention through the decode path: passkey, ppl");
+    cmd.app = parent.add_subcommand("eval", "Quality of sparse attention through the decode path: passkey, ppl, jsonl");
     cmd.app->require_subcommand(1);
     auto common = [flags](CLI::App* a) {
         a->add_option("-m,--model", flags->model, "Hugging Face Llama folder")->required();
@@ -96,7 +105,12 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--page-size", flags->page_size, "KV page size (default from configs/quest-default.json)");
         a->add_option("--dense-layers", flags->dense_layers, "layers that always use full attention");
         a->add_option("--gqa-policy", flags->gqa_policy, "kv-max, kv-sum or per-head");
-        a->add_option("--selector", flags->selector, "quest, streaming (first + recent pages) or oracle");
+        a->add_option("--selector", flags->selector, "quest, streaming (first + recent pages), oracle or two-level");
+        a->add_option("--metadata", flags->metadata, "page bounds: fp16 (exact), int8 or int4");
+        a->add_option("--shortlist", flags->shortlist, "two-level: pages shortlisted per selected page (default 4)");
+        a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
+        a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");
+        a->add_flag("--match-bytes", flags->match_bytes, "two-level: as many sub-pages as fit in Quest's bytes per step");
         a->add_flag("--diagnostics", flags->diagnostics,
                     "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
         a->add_option("--json", flags->json, "write the rows as JSON");
@@ -113,7 +127,17 @@ EvalCommand add_eval_command(CLI::App& parent) {
     ppl->add_option("--text", flags->text, "text file")->required();
     ppl->add_option("--window", flags->window, "tokens prefilled densely (default: half the text, at most 1024)");
     ppl->add_option("--max-tokens", flags->max_tokens, "use at most this many tokens of the text");
-    cmd.run = [flags, passkey, ppl]() -> int {
+    auto* jsonl = cmd.app->add_subcommand(
+        "jsonl", "Retrieval sets (tools/make_retrieval_data.py eval-set): one prefill per prompt, then every policy "
+                 "and budget through the decode path");
+    common(jsonl);
+    jsonl->add_option("--set", flags->set, "JSONL set (prefill_ids, question_ids, answer)")->required();
+    jsonl->add_option("--samples", flags->jsonl_samples, "the first N prompts (default: all)");
+    jsonl->add_option("--policies", flags->policies,
+                      "comma-separated policies name[+opt...]: quest, streaming, oracle, two-level; opts int8, fp16, "
+                      "S<page>, s<sub-page>, x<shortlist>, p<mass target> (e.g. two-level+s4+x4,quest+int8+S8)")
+        ->capture_default_str();
+    cmd.run = [flags, passkey, ppl, jsonl]() -> int {
         const EvalFlags& f = *flags;
         const ModelFolder model = open_model_folder(f.model);
         const Tokenizer tok(model.tokenizer_file());
@@ -139,6 +163,22 @@ EvalCommand add_eval_command(CLI::App& parent) {
                 std::filesystem::remove(tmp);
                 if (rc != 0) throw InputError("--plot: '" + c + "' failed (needs python3 with matplotlib)");
             }
+            return 0;
+        }
+        if (jsonl->parsed()) {
+            JsonlRequest r;
+            r.set = f.set;
+            r.samples = f.jsonl_samples;
+            r.budgets = int_list(f.budgets, "--budgets");
+            std::stringstream ss(f.policies);
+            for (std::string item; std::getline(ss, item, ',');) r.policies.push_back(item);
+            r.diagnostics = f.diagnostics;
+            r.base = base_settings(f);
+            if (!f.json.empty()) r.partial_json = f.json + ".partial";
+            const auto rows = run_jsonl(make, tok, r, progress);
+            std::fputs(jsonl_table(rows).c_str(), stdout);
+            write_atomic(f.json, jsonl_json(rows));
+            if (!r.partial_json.empty()) std::filesystem::remove(r.partial_json);
             return 0;
         }
         PplRequest r;

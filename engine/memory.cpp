@@ -110,6 +110,8 @@ CpuMemoryPlan plan_cpu_memory(const ModelConfig& c, const QuestSettings& q, int 
     p.weights = mul(add({mul(V, H), c.tie_word_embeddings ? 0 : mul(V, H), mul(L, per_layer), H}), 4);
     p.kv_cache = mul({L, 2, kv, tokens, 4});
     p.metadata = mul({L, 2, NKV, pages, D, 4});
+    if (const int sub = q.cache_sub_page(); sub > 0)  // two-level: sub-page min/max too
+        p.metadata = add({p.metadata, mul({L, 2, NKV, pages, S / z(sub), D, 4})});
     // CpuLlama::forward over n tokens: x, xn, proj [n][H]; q, att_out [n][q_dim]; k, v [n][kv_dim]; gate, up [n][F];
     // the last token's logits twice (the output row and the backend's copy).
     p.activations = add(mul({z(capacity), add({mul(H, 3), mul(qd, 2), mul(kv, 2), mul(F, 2)}), 4}), mul(V, 8));

@@ -1,5 +1,6 @@
 #include "engine/quest_settings.h"
 
+#include <cstdio>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -18,12 +19,51 @@ void QuestSettings::validate() const {
         bad("budget (" + std::to_string(budget) + " tokens) is smaller than one page (" + std::to_string(page_size) +
             " tokens)");
     if (dense_layers < 0) bad("dense_layers must be >= 0, got " + std::to_string(dense_layers));
+    if (!(mass_target >= 0.0 && mass_target <= 1.0)) bad("mass_target must be in [0, 1] (0: off), got " + std::to_string(mass_target));
+    if (mass_target > 0 && (selector == PageSelector::Streaming || selector == PageSelector::Oracle))
+        bad("mass_target (the adaptive budget) applies to the quest and two-level selectors");
+    if (match_bytes && selector != PageSelector::TwoLevel && selector != PageSelector::Quest)
+        bad("match_bytes applies to the quest and two-level selectors");
+    if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
+    if (selector == PageSelector::TwoLevel &&
+        (sub_page < 1 || sub_page >= page_size || (sub_page & (sub_page - 1)) != 0))
+        bad("sub_page must be a power of two smaller than the page size (" + std::to_string(page_size) + "), got " +
+            std::to_string(sub_page));
 }
 
 std::string QuestSettings::describe() const {
     if (full_attention) return "full attention";
-    return std::string(page_selector_name(selector)) + " B=" + std::to_string(budget) + " S=" + std::to_string(page_size) +
-           " dense_layers=" + std::to_string(dense_layers) + " gqa=" + std::string(gqa_policy_name(gqa_policy));
+    std::string d = std::string(page_selector_name(selector)) + " B=" + std::to_string(budget) +
+                    " S=" + std::to_string(page_size) + " dense_layers=" + std::to_string(dense_layers) +
+                    " gqa=" + std::string(gqa_policy_name(gqa_policy));
+    if (selector == PageSelector::Quest || selector == PageSelector::TwoLevel)
+        d += " metadata=" + std::string(metadata_format_name(metadata));
+    if (selector == PageSelector::TwoLevel)
+        d += " shortlist=" + std::to_string(shortlist) + " sub_page=" + std::to_string(sub_page);
+    if (mass_target > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, " mass_target=%g", mass_target);
+        d += buf;
+    }
+    if (match_bytes) d += " match_bytes";
+    return d;
+}
+
+std::string QuestSettings::policy_label() const {
+    if (full_attention) return "full";
+    const QuestSettings d;
+    std::string l(page_selector_name(selector));
+    if (metadata != MetadataFormat::Fp16) l += "+" + std::string(metadata_format_name(metadata));
+    if (page_size != d.page_size) l += "+S" + std::to_string(page_size);
+    if (selector == PageSelector::TwoLevel && sub_page != d.sub_page) l += "+s" + std::to_string(sub_page);
+    if (selector == PageSelector::TwoLevel && shortlist != d.shortlist) l += "+x" + std::to_string(shortlist);
+    if (mass_target > 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "+p%g", mass_target);
+        l += buf;
+    }
+    if (match_bytes) l += "+m";
+    return l;
 }
 
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source, const QuestSettings& base) {
@@ -54,19 +94,32 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
         if (key == "budget") s.budget = integer();
         else if (key == "page_size") s.page_size = integer();
         else if (key == "dense_layers") s.dense_layers = integer();
+        else if (key == "shortlist") s.shortlist = integer();
+        else if (key == "sub_page") s.sub_page = integer();
+        else if (key == "mass_target") {
+            if (!value.is_number()) fail("expected a number in [0, 1]");
+            s.mass_target = value.get<double>();
+        } else if (key == "match_bytes") {
+            if (!value.is_boolean()) fail("expected true or false");
+            s.match_bytes = value.get<bool>();
+        } else if (key == "metadata") {
+            if (!value.is_string() || !metadata_format_from_name(value.get<std::string>(), s.metadata))
+                fail("expected \"fp16\", \"int8\" or \"int4\", got " + value.dump());
+        }
         else if (key == "full_attention") {
             if (!value.is_boolean()) fail("expected true or false");
             s.full_attention = value.get<bool>();
         } else if (key == "selector") {
             if (!value.is_string() || !page_selector_from_name(value.get<std::string>(), s.selector))
-                fail("expected one of \"quest\", \"streaming\", \"oracle\", got " + value.dump());
+                fail("expected one of \"quest\", \"streaming\", \"oracle\", \"two-level\", got " + value.dump());
         } else if (key == "gqa_policy") {
             if (!value.is_string() || !gqa_policy_from_name(value.get<std::string>(), s.gqa_policy))
                 fail("expected one of \"kv-max\", \"kv-sum\", \"per-head\", got " + value.dump());
         } else if (key.rfind("_", 0) == 0 || key == "description") {
             // comments
         } else {
-            fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, selector, full_attention)");
+            fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist, "
+                 "sub_page, mass_target, match_bytes, full_attention)");
         }
     }
     try {

@@ -15,17 +15,29 @@ struct QuestSettings {
     int page_size = 16;           // S: tokens per KV page (also the granularity of the page metadata)
     int dense_layers = 2;         // layers [0, dense_layers) always use full attention
     GqaPolicy gqa_policy = GqaPolicy::KvMax;
-    PageSelector selector = PageSelector::Quest;  // quest (the paper), streaming (baseline), oracle (evaluation)
+    PageSelector selector = PageSelector::Quest;  // quest (the paper), streaming (baseline), oracle (evaluation),
+                                                  // two-level (coarse shortlist, sub-page re-rank)
+    MetadataFormat metadata = MetadataFormat::Fp16;  // page bounds as read by quest / two-level: fp16 (exact) or int8
+    int shortlist = 4;        // two-level: pages shortlisted = shortlist * (K - 1)
+    int sub_page = 4;         // two-level: tokens per sub-page (power of two < page_size)
+    double mass_target = 0;   // adaptive budget: 0 off, else (0, 1]: fewest pages whose estimated mass reaches it
+    bool match_bytes = false; // quest, two-level: read as many (sub-)pages as fit in fp16 Quest's bytes at the step
 
     int page_budget() const { return budget / page_size; }  // K
     // True when layer `l` runs Quest selection (it may still be dense while the sequence has <= K pages).
     bool quest_layer(int l) const { return !full_attention && l >= dense_layers; }
+    // Sub-page size the KV cache must keep metadata for (0 unless the selector is two-level).
+    int cache_sub_page() const { return !full_attention && selector == PageSelector::TwoLevel ? sub_page : 0; }
     // Throws InputError naming the setting: page size a power of two in [1, 256], budget >= page size, ...
     void validate() const;
-    std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
+    std::string describe() const;
+    // The policy in `quest eval jsonl --policies` syntax (parse_policy_spec): the selector, then the options that
+    // differ from the defaults, e.g. "quest", "two-level+int8+s2", "quest+p0.95"; "full" under full attention.
+    std::string policy_label() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
 };
 
-// Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, full_attention); keys that are
+// Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist,
+// sub_page, mass_target, full_attention); keys that are
 // absent keep the values of `base`. `source` names the file in errors; unknown keys are errors too.
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source,
                                    const QuestSettings& base = {});

@@ -16,7 +16,7 @@ CpuLlama::CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSe
     : w_(std::move(weights)),
       quest_(quest),
       cache_(KvCacheShape{w_->config.num_layers, w_->config.num_kv_heads, w_->config.head_dim, quest.page_size,
-                          capacity}) {
+                          capacity, quest.cache_sub_page()}) {
     quest_.validate();
     logits_.resize(w_->config.vocab_size);
 }
@@ -36,18 +36,26 @@ void CpuLlama::set_selection_diagnostics(bool on) {
     diag_.steps.assign(c.num_layers, 0);
 }
 
-void CpuLlama::record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& pages,
-                                     float scale) {
+void CpuLlama::copy_cache_from(const CpuLlama& other) {
+    if (other.pos_ > capacity()) throw ResourceError("copy_cache_from: the other cache holds more tokens than this one");
+    cache_.copy_tokens_from(other.cache_, other.pos_);
+    pos_ = other.pos_;
+}
+
+void CpuLlama::record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& blocks,
+                                     int block_size, float scale) {
     const ModelConfig& c = w_->config;
     const int S = quest_.page_size, P = (len + S - 1) / S, K = quest_.page_budget();
     if (P <= K) return;  // dense step: every page is read, nothing to compare
-    std::vector<float> mass(P);
+    std::vector<float> mass(P), block_mass((len + block_size - 1) / block_size);
     for (int h = 0; h < c.num_heads; ++h) {
         const int kvh = h / c.group_size();
         attention_page_mass_ref(mass.data(), q + size_t(h) * c.head_dim, cache_.keys(layer, kvh), c.head_dim, len, S,
                                 scale);
+        attention_page_mass_ref(block_mass.data(), q + size_t(h) * c.head_dim, cache_.keys(layer, kvh), c.head_dim, len,
+                                block_size, scale);
         double selected = 0.0;
-        for (int p : pages[h]) selected += mass[p];
+        for (int b : blocks[h]) selected += block_mass[b];
         // The oracle at the same budget: the last page plus the K-1 complete pages that hold the most mass.
         const std::vector<float> complete(mass.begin(), mass.end() - 1);
         double oracle = mass[P - 1];
@@ -62,6 +70,7 @@ std::span<const float> CpuLlama::decode(int token) {
     const auto t0 = std::chrono::steady_clock::now();
     const int one[] = {token};
     forward(one, /*quest_step=*/true, nullptr);
+    ++reads_.steps;
     last_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     return logits_;
 }
@@ -90,7 +99,8 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
     for (int t = 0; t < n; ++t) embedding_ref(&x[static_cast<size_t>(t) * H], w_->embed.data(), tokens[t], H);
 
     selection_.assign(c.num_layers, {});
-    std::vector<std::vector<int>> pages_per_head;
+    selection_block_.assign(c.num_layers, 0);
+    Selection sel;
     for (int l = 0; l < c.num_layers; ++l) {
         if (n > 1 && interrupt_requested()) {  // Ctrl-C during a prefill: undo this call's cache writes and stop
             cache_.truncate(pos_);
@@ -131,20 +141,43 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 a.keys = cache_.keys(l, 0);  // the oracle reads every key (KV heads are contiguous in a layer)
                 a.key_capacity = cache_.shape().capacity;
                 a.scale = scale;
-                quest_select_ref(a, pages_per_head);
+                a.metadata = quest_.metadata;
+                a.sub_kmin = cache_.sub_kmin(l);
+                a.sub_kmax = cache_.sub_kmax(l);
+                a.sub_capacity = cache_.shape().sub_pages();
+                a.sub_page = quest_.sub_page;
+                a.shortlist = quest_.shortlist;
+                a.mass_target = static_cast<float>(quest_.mass_target);
+                a.match_bytes = quest_.match_bytes;
+                select_blocks_ref(a, sel);
+                const int64_t bytes = selection_bytes(sel.reads, D, quest_.metadata);
+                reads_.quest_layer_bytes += bytes;
+                reads_.metadata_bytes += bytes - sel.reads.kv_tokens * 4ll * D;
+                if (!sel.reads.dense) {
+                    ++reads_.selecting_steps;
+                    reads_.selecting_rows += sel.reads.rows;
+                    reads_.selected_tokens += sel.reads.kv_tokens;
+                }
+            } else if (quest_step) {  // a decode step's dense layer (or full attention): every token, no metadata
+                // Layers from dense_layers on count as Quest layers also under full attention (the comparison).
+                const int64_t bytes = selection_bytes(dense_reads(len, NKV), D, quest_.metadata);
+                (l >= quest_.dense_layers ? reads_.quest_layer_bytes : reads_.dense_layer_bytes) += bytes;
             }
             for (int h = 0; h < NH; ++h) {
                 const int kvh = h / group;
                 float* out = &att_out[size_t(t) * c.q_dim() + size_t(h) * D];
                 if (select)
                     attention_pages_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
-                                        quest_.page_size, pages_per_head[h], scale);
+                                        sel.block_size, sel.blocks[h], scale);
                 else
                     attention_full_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
                                        scale);
             }
-            if (select) selection_[l] = pages_per_head;
-            if (select && diagnostics_) record_selection_mass(l, qt, len, pages_per_head, scale);
+            if (select) {
+                selection_[l] = sel.blocks;
+                selection_block_[l] = sel.block_size;
+            }
+            if (select && diagnostics_) record_selection_mass(l, qt, len, sel.blocks, sel.block_size, scale);
         }
         if (observer_) observer_(l, LinearSite::O, att_out.data(), n, c.q_dim());
         matmul_ref(proj.data(), L.wo.data(), att_out.data(), n, H, c.q_dim());

@@ -25,6 +25,23 @@ struct SelectionDiagnostics {
     std::vector<int> steps;                          // [layer] steps that contributed
 };
 
+// Bytes the attention of the decode steps read under the bytes model (kernels/quest.h selection_bytes: FP16 KV and
+// metadata), summed over decode steps since the last reset_read_stats().
+struct ReadStats {
+    int64_t steps = 0;              // decode steps
+    int64_t quest_layer_bytes = 0;  // Quest layers: metadata + KV (a dense step, P <= K, counts every token)
+    int64_t metadata_bytes = 0;     // the metadata part of quest_layer_bytes (an oracle's key pass included)
+    int64_t dense_layer_bytes = 0;  // the dense layers' KV
+    int64_t selecting_steps = 0;    // (layer, step) pairs that selected (P > K)
+    int64_t selecting_rows = 0;     // selection rows at those, summed
+    int64_t selected_tokens = 0;    // KV tokens read at those, summed over rows
+    double bytes_per_step() const { return steps ? double(quest_layer_bytes + dense_layer_bytes) / steps : 0.0; }
+    double quest_bytes_per_step() const { return steps ? double(quest_layer_bytes) / steps : 0.0; }
+    double metadata_bytes_per_step() const { return steps ? double(metadata_bytes) / steps : 0.0; }
+    // Mean KV tokens a selection row read at a selecting step.
+    double tokens_per_row() const { return selecting_rows ? double(selected_tokens) / selecting_rows : 0.0; }
+};
+
 class CpuLlama final : public Backend {
 public:
     // capacity: tokens the KV cache holds. Settings are validated (InputError).
@@ -40,8 +57,16 @@ public:
     std::span<const float> decode(int token) override;
     double last_decode_ms() const override { return last_ms_; }
 
-    // Pages each query head attended at the last decode step, [layer][head]; empty for layers that were dense.
+    // Blocks each query head attended at the last decode step, [layer][head]; empty for layers that were dense. A
+    // block is last_selection_block_size(layer) tokens: the page size, or the sub-page size (two-level).
     const std::vector<std::vector<std::vector<int>>>& last_selection() const { return selection_; }
+    int last_selection_block_size(int layer) const { return selection_block_[layer]; }
+    // The bytes-model counters of the decode steps (always on; cheap).
+    const ReadStats& read_stats() const { return reads_; }
+    void reset_read_stats() { reads_ = ReadStats{}; }
+    // Makes this backend's cache hold `other`'s tokens (same model; the metadata rebuilt for this backend's page
+    // sizes): several selectors then decode from one prefill (eval). The position becomes other's.
+    void copy_cache_from(const CpuLlama& other);
     const KvCache& cache() const { return cache_; }
     // Selection diagnostics (costs a full attention pass per head and step): on/off, and the sums so far.
     void set_selection_diagnostics(bool on);
@@ -53,8 +78,8 @@ private:
     // selection in the Quest layers. Writes the last token's logits to logits_ and, if given, all to all_logits.
     void forward(std::span<const int> tokens, bool quest_step, std::vector<float>* all_logits);
 
-    void record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& pages,
-                               float scale);
+    void record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& blocks,
+                               int block_size, float scale);
 
     std::shared_ptr<const LlamaWeightsF32> w_;
     bool diagnostics_ = false;
@@ -65,6 +90,8 @@ private:
     double last_ms_ = 0;
     std::vector<float> logits_;
     std::vector<std::vector<std::vector<int>>> selection_;
+    std::vector<int> selection_block_;  // [layer] tokens per block of selection_
+    ReadStats reads_;
     ActivationObserver observer_;
 };
 

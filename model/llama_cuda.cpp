@@ -112,9 +112,18 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                      LinearGroups groups)
     : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), groups_(std::move(groups)) {
     quest_.validate();
-    if (!quest_.full_attention && quest_.selector == PageSelector::Oracle)
-        throw InputError("selector 'oracle': an evaluation yardstick of the CPU reference only (it reads every key); "
-                         "use --backend cpu, or --selector quest|streaming on cuda");
+    if (!quest_.full_attention && quest_.selector != PageSelector::Quest &&
+        quest_.selector != PageSelector::Streaming)
+        throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
+                         "': the CUDA backend runs the quest and streaming selectors (oracle and two-level run on "
+                         "--backend cpu)");
+    if (!quest_.full_attention && quest_.metadata != MetadataFormat::Fp16)
+        throw InputError("metadata '" + std::string(metadata_format_name(quest_.metadata)) +
+                         "': the CUDA backend keeps FP16 page metadata only (int8 and int4 bounds run on --backend cpu)");
+    if (!quest_.full_attention && quest_.mass_target > 0)
+        throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads K pages)");
+    if (!quest_.full_attention && quest_.match_bytes)
+        throw InputError("match_bytes: bytes-matched budgets run on --backend cpu only (the CUDA backend reads K pages)");
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
     if (capacity < 1) throw InputError("context capacity must be >= 1");
@@ -721,7 +730,9 @@ size_t CudaLlama::decode_bytes() const {
         if (!quest_.quest_layer(l) || pages <= static_cast<size_t>(quest_.page_budget())) {
             kv += len * kv_token;
         } else {
-            const size_t meta = pages * 2ull * c_.num_kv_heads * c_.head_dim * 2;
+            const size_t meta = quest_.selector == PageSelector::Streaming  // no scores: no metadata read
+                                    ? 0
+                                    : pages * 2ull * c_.num_kv_heads * c_.head_dim * 2;
             const size_t sets = quest_.gqa_policy == GqaPolicy::PerHead ? c_.group_size() : 1;
             kv += meta + sets * static_cast<size_t>(quest_.budget) * kv_token;
         }

@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdio>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
 #include "model/config.h"
@@ -130,6 +131,26 @@ TEST(Cli, BenchWritesJsonRowsOnTheCpu) {
     int lines = 0;
     for (std::string l; std::getline(csv, l);) ++lines;
     EXPECT_EQ(lines, 5);
+}
+
+TEST(Cli, BenchReportsTheBytesModelOfEveryPolicy) {
+    // demo-random: 4 layers (2 dense), 2 KV heads, head_dim 32. Context 70 + 1 warm-up + 2 steps: positions 71..73.
+    const auto dir = test::temp_dir("cli_bench_policy");
+    for (const char* sel : {"quest", "two-level --metadata int8"}) {
+        const RunResult r = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                      "' --backend cpu --contexts 70 --budgets full,16 --page-size 8 --steps 2 "
+                                      "--warmup 1 --selector " + sel + " --json '" + (dir / "b.json").string() + "'");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        std::ifstream in(dir / "b.json");
+        const auto rows = nlohmann::json::parse(in);
+        ASSERT_EQ(rows.size(), 2u);
+        // Full attention: every token of 4 layers x 2 KV heads x 128 bytes, at lengths 72 and 73 (the timed steps).
+        EXPECT_DOUBLE_EQ(rows[0]["attention_bytes"].get<double>(), (72 + 73) / 2.0 * 4 * 2 * 128);
+        EXPECT_EQ(rows[0]["metadata_bytes"].get<double>(), 0.0);
+        EXPECT_GT(rows[1]["metadata_bytes"].get<double>(), 0.0);
+        EXPECT_LT(rows[1]["attention_bytes"].get<double>(), rows[0]["attention_bytes"].get<double>());
+        EXPECT_EQ(rows[1]["selector"].get<std::string>(), std::string(sel).find("two") == 0 ? "two-level+int8+S8" : "quest+S8");
+    }
 }
 
 TEST(Cli, BenchRejectsBadLists) {
