@@ -184,17 +184,22 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
 std::string bench_table(const std::vector<BenchRow>& rows) {
     std::ostringstream o;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%-7s %-9s %-16s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s %11s %11s\n", "backend",
+    std::snprintf(buf, sizeof buf, "%-7s %-9s %-16s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s %11s %11s %8s\n", "backend",
                   "weights", "policy", "context", "budget", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "tok/s", "GB/step", "GB/s",
-                  "prefill_s", "attn_KiB", "meta_KiB");
+                  "prefill_s", "attn_KiB", "meta_KiB", "mem_GiB");
     o << buf;
     for (const BenchRow& r : rows) {
+        // Device memory the backend held (its peak; CUDA only).
+        char mem_buf[32] = "-";
+        if (r.device_memory)
+            std::snprintf(mem_buf, sizeof mem_buf, "%.2f", static_cast<double>(r.device_memory) / (1ull << 30));
+        const std::string mem = mem_buf;
         std::snprintf(buf, sizeof buf,
-                      "%-7s %-9s %-16s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f %11.1f %11.1f\n",
+                      "%-7s %-9s %-16s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f %11.1f %11.1f %8s\n",
                       r.backend.c_str(), r.weights.c_str(), r.selector.c_str(), r.context,
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.ms.p50, r.ms.p90, r.ms.p99, r.ms.mean,
                       r.tokens_per_s, r.bytes / 1e9, r.gbps, r.prefill_s, r.attention_bytes / 1024.0,
-                      r.metadata_bytes / 1024.0);
+                      r.metadata_bytes / 1024.0, mem.c_str());
         o << buf;
     }
 
