@@ -17,7 +17,7 @@ struct QuestSettings {
     GqaPolicy gqa_policy = GqaPolicy::KvMax;
     PageSelector selector = PageSelector::Quest;  // quest (the paper), streaming (baseline), oracle (evaluation),
                                                   // two-level (coarse shortlist, sub-page re-rank)
-    MetadataFormat metadata = MetadataFormat::Fp16;  // page bounds as read by quest / two-level: fp16 (exact) or int8
+    MetadataFormat metadata = MetadataFormat::Fp16;  // page bounds read by quest / two-level: fp16 (exact), int8, int4
     int shortlist = 4;        // two-level: pages shortlisted = shortlist * (K - 1)
     int sub_page = 4;         // two-level: tokens per sub-page (power of two < page_size)
     double mass_target = 0;   // adaptive budget: 0 off, else (0, 1]: fewest pages whose estimated mass reaches it
@@ -30,15 +30,15 @@ struct QuestSettings {
     int cache_sub_page() const { return !full_attention && selector == PageSelector::TwoLevel ? sub_page : 0; }
     // Throws InputError naming the setting: page size a power of two in [1, 256], budget >= page size, ...
     void validate() const;
-    std::string describe() const;
+    std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
     // The policy in `quest eval jsonl --policies` syntax (parse_policy_spec): the selector, then the options that
     // differ from the defaults, e.g. "quest", "two-level+int8+s2", "quest+p0.95"; "full" under full attention.
-    std::string policy_label() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
+    std::string policy_label() const;
 };
 
 // Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist,
-// sub_page, mass_target, full_attention); keys that are
-// absent keep the values of `base`. `source` names the file in errors; unknown keys are errors too.
+// sub_page, mass_target, match_bytes, full_attention); keys that are absent keep the values of `base`. `source`
+// names the file in errors; unknown keys are errors too.
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source,
                                    const QuestSettings& base = {});
 QuestSettings load_quest_settings(const std::filesystem::path& file, const QuestSettings& base = {});
