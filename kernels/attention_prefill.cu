@@ -30,6 +30,7 @@
 // 256: 234; dynamic smem D=8/16: 12 KB, 32: 20 KB, 64: 54 KB, 128: 102 KB, 256: 99 KB (2 blocks/SM for D >= 64).
 // H200, D = 128, 32 heads, T = 2048 at the end of a 32K context: ~3.0 ms, ~350 TFLOP/s.
 #include "kernels/attention_prefill.cuh"
+#include "kernels/device_utils.cuh"
 
 #include <cstdint>
 #include <string>
@@ -66,16 +67,6 @@ __device__ __forceinline__ uint32_t smem_u32(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16-byte async copy global -> shared; when !valid nothing is read and the 16 bytes are zero-filled.
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
-    const int src_bytes = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -179,7 +170,8 @@ __global__ void __launch_bounds__(kThreads)
         for (int i = 0; i < ceil_div_c(BQ, LD_ROWS); ++i) {
             if (BQ % LD_ROWS != 0 && ld_row + i * LD_ROWS >= BQ) break;
             const bool ok = q0 + ld_row + i * LD_ROWS < T;
-            cp_async16(dst + 2u * (i * LD_ROWS * PITCH), ok ? src + int64_t(i) * LD_ROWS * q_row_stride : q, ok);
+            cp_async16(dst + 2u * (i * LD_ROWS * PITCH), ok ? src + int64_t(i) * LD_ROWS * q_row_stride : q,
+                       ok ? 16 : 0);
         }
     }
     // K and V tile j into buffer buf: keys at or past kv_end (past the block's last query, e.g. the cache slack) are
@@ -194,8 +186,8 @@ __global__ void __launch_bounds__(kThreads)
             if (BK % LD_ROWS != 0 && ld_row + i * LD_ROWS >= BK) break;
             const bool ok = key0 + i * LD_ROWS < kv_end;
             const int64_t o_i = ok ? off + int64_t(i) * LD_ROWS * D : 0;
-            cp_async16(dK + 2u * (i * LD_ROWS * PITCH), kbase + o_i, ok);
-            cp_async16(dV + 2u * (i * LD_ROWS * PITCH), vbase + o_i, ok);
+            cp_async16(dK + 2u * (i * LD_ROWS * PITCH), kbase + o_i, ok ? 16 : 0);
+            cp_async16(dV + 2u * (i * LD_ROWS * PITCH), vbase + o_i, ok ? 16 : 0);
         }
     };
     load_kv(0, 0);

@@ -1,15 +1,12 @@
 #include <cstdint>
 
 #include "kernels/elementwise.cuh"
+#include "kernels/device_utils.cuh"
 
 namespace quest {
 
 namespace {
 
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Sum over the block; every thread gets the result. `red` holds 32 floats.
 __device__ float block_sum(float v, float* red) {

@@ -1,21 +1,13 @@
 #include <cstdint>
 
 #include "kernels/gemv.cuh"
+#include "kernels/device_utils.cuh"
 
 namespace quest {
 
 namespace {
 
 constexpr int kWarpsPerBlock = 4;  // for the scalar fall-back
-
-// Streaming 16-byte load of weights: read once per step, so keep them out of L1.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
     const __half2* wh = reinterpret_cast<const __half2*>(&w);
@@ -29,11 +21,6 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
         acc = fmaf(a.y, b.y, acc);
     }
     return acc;
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
 }
 
 // cols % 8 == 0. A block of W warps covers (W / KS) * R rows: each row's 16-byte chunks are split over KS warps
@@ -85,27 +72,7 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
 #pragma unroll
             for (int r = 0; r < R; ++r) cur[u][r] = nxt[u][r];
     }
-    if constexpr (KS == 1) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float sum = warp_sum(acc[r]);
-            if (lane == 0 && row0 + r < rows) y[row0 + r] = sum;
-        }
-    } else {
-        __shared__ float part[W][R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float sum = warp_sum(acc[r]);
-            if (lane == 0) part[warp][r] = sum;
-        }
-        __syncthreads();
-        if (seg == 0 && lane < R) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < KS; ++k) sum += part[warp + k][lane];
-            if (row0 + lane < rows) y[row0 + lane] = sum;
-        }
-    }
+    gemv_store_rows<R, W, KS>(y, acc, row0, rows, warp, seg, lane);
 }
 
 struct GemvVariant {

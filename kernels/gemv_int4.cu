@@ -1,19 +1,11 @@
 #include <cstdint>
 
 #include "kernels/gemv_int4.cuh"
+#include "kernels/device_utils.cuh"
 
 namespace quest {
 
 namespace {
-
-// Streaming 16-byte load of weights: read once per step, so keep them out of L1.
-__device__ __forceinline__ uint4 load_stream(const uint4* p) {
-    uint4 r;
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-                 : "l"(p));
-    return r;
-}
 
 __device__ __forceinline__ __half2 u32_as_half2(uint32_t u) {
     __half2 h;
@@ -22,11 +14,6 @@ __device__ __forceinline__ __half2 u32_as_half2(uint32_t u) {
 }
 
 __device__ __forceinline__ uint32_t half2_as_u32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
-
-__device__ __forceinline__ float warp_sum(float v) {
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
 
 // Zero-point constants of a group, both halves equal: (1024 + z) and -(64 + z) in fp16 (exact: the ulp of 1024 is
 // 1, that of 64 is 1/16, so z lands in the mantissa as z and z << 4).
@@ -152,27 +139,7 @@ __global__ void __launch_bounds__(W * 32)
                 cz[u][r] = nz[u][r];
             }
     }
-    if constexpr (KS == 1) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float sum = warp_sum(acc[r]);
-            if (lane == 0 && row0 + r < rows) y[row0 + r] = sum;
-        }
-    } else {
-        __shared__ float part[W][R];
-#pragma unroll
-        for (int r = 0; r < R; ++r) {
-            const float sum = warp_sum(acc[r]);
-            if (lane == 0) part[warp][r] = sum;
-        }
-        __syncthreads();
-        if (seg == 0 && lane < R) {
-            float sum = 0.0f;
-#pragma unroll
-            for (int k = 0; k < KS; ++k) sum += part[warp + k][lane];
-            if (row0 + lane < rows) y[row0 + lane] = sum;
-        }
-    }
+    gemv_store_rows<R, W, KS>(y, acc, row0, rows, warp, seg, lane);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -320,14 +287,6 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
 // The scales and zero points of the P stages are ordinary loads into registers (P U R x 2 registers). Shared memory
 // per block: cols * 2 (x, as in the stream kernel) + W P U R 512 bytes; the launcher opts in to more than 48 KB and
 // falls back to the stream kernel beyond kAsyncMaxSmem.
-__device__ __forceinline__ void cp_async16(uint32_t smem_addr, const void* gptr) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr), "l"(gptr) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 
 template <int R, int U, int W, int P>
 __global__ void __launch_bounds__(W * 32, 16 / W)

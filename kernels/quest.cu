@@ -5,11 +5,11 @@
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <cmath>
 #include <cstdint>
 
 #include "kernels/quest.cuh"
+#include "kernels/device_utils.cuh"
 
 namespace quest {
 
@@ -20,16 +20,6 @@ namespace {
 // ---------------------------------------------------------------------------------------------------------------------
 
 // 16-byte asynchronous copy global -> shared; src_bytes = 0 zero-fills the destination without reading the source.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src, int src_bytes) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem_src), "r"(src_bytes)
-                 : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 
 // Swizzled position of 16-byte piece c of row r in a shared tile whose rows hold CPR pieces (CPR = row bytes / 16).
 // Eight consecutive rows reading the same logical piece, or eight consecutive pieces of one row (or of a few rows
@@ -55,11 +45,6 @@ __device__ __forceinline__ void half8_to_float(const uint4& raw, float (&f)[8]) 
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
 
@@ -432,21 +417,11 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     __shared__ uint32_t s_tmin[kScoreThreads / 32], s_tmax[kScoreThreads / 32];
     __shared__ int s_tdigit, s_tabove, s_last;
 
-    // Before pdl_wait (overlapping the tail of the kernel before, rope_append_kv) this kernel reads only d_pos and
-    // the metadata of pages < P - 2: the position was set by an earlier step (the kernel before this one waited for
-    // everything before it, and it does not trigger its dependents early), and the current token's append updates
-    // only the metadata of its own page, P - 1; page P - 2 is excluded for margin. q, the last pages' metadata and
-    // every write come after the wait.
-    // Every exit waits first: a grid that completes before the kernel it follows would let the kernel after it
-    // (which waits only on this one) run while that kernel still writes.
+    pdl_wait();  // q, the position and the metadata come from the kernels before this one
     int len, P;
-    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) {
-        pdl_wait();
-        return;
-    }
+    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
     const int tid = threadIdx.x;
     if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
-        pdl_wait();
         if constexpr (FUSED) {
             const int rows = per_head ? num_heads : num_kv_heads;
             const long long cells = static_cast<long long>(rows) * P;
@@ -475,9 +450,8 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         p0 = item / num_kv_heads * kScoreTile;
         np = min(kScoreTile, n - p0);
     };
-    // Stage s into its ring slot with cp.async: the pieces of the rows (pages) p0 + r < limit, zero-fill for the rows
-    // beyond the tile (r >= np); rows np > r with p0 + r >= limit are skipped (load_late fills them).
-    auto issue = [&](int s, int limit) {
+    // Stage s into its ring slot with cp.async: the pieces of the tile's rows (pages), zero-filled beyond the tile.
+    auto issue = [&](int s) {
         int kvh, p0, np;
         item_of(s, kvh, p0, np);
         const int ch = s % NCH;
@@ -489,45 +463,18 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
             const int l = tid + i * kScoreThreads;
             const int r = l / CPR, c = l % CPR;
             const bool ok = r < np;
-            if (ok && p0 + r >= limit) continue;
             const size_t src = meta0 + static_cast<size_t>(ok ? r : 0) * D + c * 8;
             const int dst = r * CH + swz<CPR>(r, c) * 8;
             cp_async16(dmin + dst, kmin + src, ok ? 16 : 0);
             cp_async16(dmax + dst, kmax + src, ok ? 16 : 0);
         }
     };
-    // The rows issue(s, limit) skipped, with plain loads and shared stores (visible after the barrier that precedes
-    // the stage's use).
-    auto load_late = [&](int s, int limit) {
-        int kvh, p0, np;
-        item_of(s, kvh, p0, np);
-        const int ch = s % NCH;
-        __half* dmin = s_ring + (s % STAGES) * 2 * C::STAGE_HALVES;
-        __half* dmax = dmin + C::STAGE_HALVES;
-        const size_t meta0 = (static_cast<size_t>(kvh) * max_pages + p0) * D + ch * CH;
-#pragma unroll
-        for (int i = 0; i < kScoreTile * CPR / kScoreThreads; ++i) {
-            const int l = tid + i * kScoreThreads;
-            const int r = l / CPR, c = l % CPR;
-            if (r < np && p0 + r >= limit) {
-                const size_t src = meta0 + static_cast<size_t>(r) * D + c * 8;
-                const int dst = r * CH + swz<CPR>(r, c) * 8;
-                *reinterpret_cast<uint4*>(dmin + dst) = *reinterpret_cast<const uint4*>(kmin + src);
-                *reinterpret_cast<uint4*>(dmax + dst) = *reinterpret_cast<const uint4*>(kmax + src);
-            }
-        }
-    };
-
-    // Prologue: the first STAGES - 1 stages, issued before pdl_wait except the rows of pages >= P - 2, loaded after.
+    // Prologue: the first STAGES - 1 stages.
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
-        if (s < total) issue(s, P - 2);
+        if (s < total) issue(s);
         cp_async_commit();
     }
-    pdl_wait();  // q, the last pages' metadata, and the buffers this kernel writes
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; ++s)
-        if (s < total) load_late(s, P - 2);
     const int tiles = (n + kScoreTile - 1) / kScoreTile;  // items per KV head (and head batch loop)
     float acc[GT] = {};
     float agg = 0.0f;  // KvMax / KvSum aggregate of this thread's page over the item's head batches
@@ -540,7 +487,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         const int qbuf = (s / NCH) & 1;                 // this head batch's q (double-buffered across batches)
         float* sq = s_q + qbuf * C::Q_FLOATS;
         uint32_t* smask = s_mask + qbuf * C::MASK_WORDS;
-        if (s + STAGES - 1 < total) issue(s + STAGES - 1, INT_MAX);
+        if (s + STAGES - 1 < total) issue(s + STAGES - 1);
         cp_async_commit();
         if (ch == 0) {
             // q in fp32, and per channel pair a mask selecting kmax's half where q >= 0 and kmin's where q < 0.
@@ -633,7 +580,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
                     __syncthreads();  // the ring is free again: refetch the stages in flight
 #pragma unroll
                     for (int s2 = s + 1; s2 < s + STAGES; ++s2) {
-                        if (s2 < total) issue(s2, INT_MAX);
+                        if (s2 < total) issue(s2);
                         cp_async_commit();
                     }
                 }

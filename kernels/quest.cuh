@@ -60,8 +60,7 @@ struct QuestWorkspace {
     int pages_per_split = 0;  // as passed to quest_workspace_sizes (0: the default)
 };
 
-// Step 1. q: [num_heads][head_dim] fp16 (post-RoPE); metadata of pages < P - 2 is read before pdl_wait (see
-// quest_page_scores_top_k). With P = ceil(len / S) pages: when P > page_budget, writes
+// Step 1. q: [num_heads][head_dim] fp16 (post-RoPE). With P = ceil(len / S) pages: when P > page_budget, writes
 // scores[r][p] for every candidate page p < P - 1 (row stride kv.max_pages); a dense step (P <= page_budget) needs no
 // scores and writes nothing; nothing is ever written at p >= P - 1. Reads each KV head's metadata once (for groups of
 // more than 8 query heads: once per 8 heads), with 16-byte coalesced loads.
@@ -86,9 +85,6 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
 // (QuestWorkspace::counters + num_heads). scores is scratch here (rows x kv.max_pages floats, written then read by
 // the same grid). Each block triggers the dependent launch (pdl_trigger) once its scoring is done, so the attention
 // kernel's blocks are resident, waiting in pdl_wait, while the last selections finish.
-// Metadata of pages < P - 2 is prefetched before pdl_wait (as in quest_page_scores): the kernel before this one
-// (rope_append_kv) may write only q, the current token's K/V and the metadata of its page P - 1, and must not
-// trigger its dependents before its own pdl_wait.
 void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const __half* q, const KvLayerView& kv,
                              const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream);
 

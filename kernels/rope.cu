@@ -12,9 +12,7 @@ __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* q
                                    int num_heads, RopeDeviceParams rope) {
     pdl_wait();
     // The next kernel (Quest scoring, decode attention) may be scheduled now: it waits (pdl_wait) before reading
-    // what this one writes, and may read before its wait only what was final before this kernel's pdl_wait (the
-    // position, the metadata of complete pages). Triggered after the wait, never before: the kernels before this
-    // one are then complete.
+    // anything. Triggered after the wait, never before: the kernels before this one are then complete.
     pdl_trigger();
     const int t = blockIdx.x;
     const int D = kv.head_dim, half = D / 2;
