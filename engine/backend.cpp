@@ -17,6 +17,13 @@ ModelFolder open_model_folder(const std::filesystem::path& dir) {
     return ModelFolder{dir, load_model_config(config_file)};
 }
 
+ModelFolder open_model_or_config(const std::filesystem::path& path, bool random_weights) {
+    if (!random_weights) return open_model_folder(path);
+    ModelFolder m;
+    m.config = load_model_config(std::filesystem::is_directory(path) ? path / "config.json" : path);
+    return m;
+}
+
 std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                           size_t memory_limit) {
     check_cpu_memory(model.config, quest, capacity, memory_limit);

@@ -62,6 +62,9 @@ struct ModelFolder {
 };
 // Checks the folder exists and parses its config.json (InputError naming the path otherwise).
 ModelFolder open_model_folder(const std::filesystem::path& dir);
+// `-m` of bench and soak: with random_weights, a config.json or a folder holding one (only the config is read; dir
+// stays empty), else open_model_folder.
+ModelFolder open_model_or_config(const std::filesystem::path& path, bool random_weights);
 
 // The CPU reference backend over a folder's weights (read into fp32). Before anything is read, the memory plan
 // (engine/memory.h) is checked against `memory_limit` bytes (0: the host's available memory): ResourceError with the

@@ -87,15 +87,8 @@ std::vector<std::string> parse_weights_list(const std::string& s) {
 std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress) {
     if (r.contexts.empty() || r.budgets.empty()) throw InputError("bench: --contexts and --budgets must not be empty");
     if (r.steps < 1 || r.warmup < 0) throw InputError("bench: --steps must be >= 1 and --warmup >= 0");
-    ModelFolder folder;
-    ModelConfig config;
-    if (r.random_weights) {
-        const std::filesystem::path p(r.model);
-        config = load_model_config(std::filesystem::is_directory(p) ? p / "config.json" : p);
-    } else {
-        folder = open_model_folder(r.model);
-        config = folder.config;
-    }
+    const ModelFolder folder = open_model_or_config(r.model, r.random_weights);
+    const ModelConfig& config = folder.config;
     std::vector<int> text_ids;
     if (!r.text_file.empty()) {
         if (r.random_weights) throw InputError("bench: --text needs a model folder with tokenizer.model, not --random-weights");

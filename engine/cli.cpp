@@ -223,29 +223,6 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
     return 0;
 }
 
-std::vector<int> parse_int_list(const std::string& s, const std::string& flag, bool allow_full) {
-    std::vector<int> out;
-    std::stringstream ss(s);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-        if (allow_full && item == "full") {
-            out.push_back(0);
-            continue;
-        }
-        try {
-            size_t used = 0;
-            const int v = std::stoi(item, &used);
-            if (used != item.size() || v < 1) throw std::invalid_argument(item);
-            out.push_back(v);
-        } catch (const std::exception&) {
-            throw InputError(flag + ": expected a comma-separated list of positive integers" +
-                             std::string(allow_full ? " or 'full'" : "") + ", got '" + item + "'");
-        }
-    }
-    if (out.empty()) throw InputError(flag + ": empty list");
-    return out;
-}
-
 struct BenchFlags {
     bool random_weights = false;
     std::string contexts = "4096", budgets = "full,2048";
@@ -415,6 +392,29 @@ int cmd_make_model(const std::string& config_file, const std::string& out_dir, c
 }
 
 }  // namespace
+
+std::vector<int> parse_int_list(const std::string& s, const std::string& flag, bool allow_full) {
+    std::vector<int> out;
+    std::stringstream ss(s);
+    std::string item;
+    while (std::getline(ss, item, ',')) {
+        if (allow_full && item == "full") {
+            out.push_back(0);
+            continue;
+        }
+        try {
+            size_t used = 0;
+            const int v = std::stoi(item, &used);
+            if (used != item.size() || v < 1) throw std::invalid_argument(item);
+            out.push_back(v);
+        } catch (const std::exception&) {
+            throw InputError(flag + ": expected a comma-separated list of positive integers" +
+                             std::string(allow_full ? " or 'full'" : "") + ", got '" + item + "'");
+        }
+    }
+    if (out.empty()) throw InputError(flag + ": empty list");
+    return out;
+}
 
 int run_cli(int argc, char** argv) {
     auto logger = spdlog::stderr_color_mt("quest");

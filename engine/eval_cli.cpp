@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "engine/backend_factory.h"
+#include "engine/cli.h"
 #include "engine/eval.h"
 #include "model/atomic_file.h"
 #include "model/error.h"
@@ -27,27 +28,6 @@ struct EvalFlags {
     bool diagnostics = false;
     uint64_t seed = 1;
 };
-
-std::vector<int> int_list(const std::string& s, const std::string& flag) {
-    std::vector<int> out;
-    std::stringstream ss(s);
-    for (std::string item; std::getline(ss, item, ',');) {
-        if (item == "full") {
-            out.push_back(0);
-            continue;
-        }
-        try {
-            size_t used = 0;
-            const int v = std::stoi(item, &used);
-            if (used != item.size() || v < 1) throw std::invalid_argument(item);
-            out.push_back(v);
-        } catch (const std::exception&) {
-            throw InputError(flag + ": expected a comma-separated list of positive integers or 'full', got '" + item + "'");
-        }
-    }
-    if (out.empty()) throw InputError(flag + ": empty list");
-    return out;
-}
 
 QuestSettings base_settings(const EvalFlags& f) {
     QuestSettings q = default_quest_settings();
@@ -144,8 +124,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {
             PasskeyRequest r;
-            r.contexts = int_list(f.contexts, "--contexts");
-            r.budgets = int_list(f.budgets, "--budgets");
+            r.contexts = parse_int_list(f.contexts, "--contexts", false);
+            r.budgets = parse_int_list(f.budgets, "--budgets", true);
             r.samples = f.samples;
             r.seed = f.seed;
             r.diagnostics = f.diagnostics;
@@ -169,7 +149,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
             JsonlRequest r;
             r.set = f.set;
             r.samples = f.jsonl_samples;
-            r.budgets = int_list(f.budgets, "--budgets");
+            r.budgets = parse_int_list(f.budgets, "--budgets", true);
             std::stringstream ss(f.policies);
             for (std::string item; std::getline(ss, item, ',');) r.policies.push_back(item);
             r.diagnostics = f.diagnostics;
@@ -185,7 +165,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
         r.text_file = f.text;
         r.window = f.window;
         r.max_tokens = f.max_tokens;
-        r.budgets = int_list(f.budgets, "--budgets");
+        r.budgets = parse_int_list(f.budgets, "--budgets", true);
         r.diagnostics = f.diagnostics;
         r.base = base_settings(f);
         const auto rows = run_ppl(make, tok, r, progress);

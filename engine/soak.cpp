@@ -34,15 +34,8 @@ SoakResult run_soak(const SoakRequest& r, const std::function<void(const std::st
     if (r.tokens < 1) throw InputError("soak: --tokens must be >= 1");
     if (r.bucket < 1) throw InputError("soak: --bucket must be >= 1");
     if (r.time_limit_s < 0) throw InputError("soak: --time-limit must be >= 0");
-    ModelFolder folder;
-    ModelConfig config;
-    if (r.random_weights) {
-        const std::filesystem::path p(r.model);
-        config = load_model_config(std::filesystem::is_directory(p) ? p / "config.json" : p);
-    } else {
-        folder = open_model_folder(r.model);
-        config = folder.config;
-    }
+    const ModelFolder folder = open_model_or_config(r.model, r.random_weights);
+    const ModelConfig& config = folder.config;
     BackendOptions o = r.backend;
     if (o.capacity <= 0) {
         const long want = r.prompt_tokens + r.tokens;
