@@ -17,24 +17,8 @@ using ::testing::HasSubstr;
 
 namespace {
 
-struct RunResult {
-    int exit_code;
-    std::string out;  // stdout
-    std::string err;  // stderr
-};
-
-// Runs the quest binary with `args` (a shell-quoted string), capturing stdout and stderr separately.
-RunResult run_quest(const std::string& args) {
-    const auto dir = test::temp_dir("cli_run");
-    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >" + (dir / "out").string() + " 2>" +
-                            (dir / "err").string();
-    const int status = std::system(cmd.c_str());
-    auto slurp = [](const std::filesystem::path& p) {
-        std::ifstream in(p);
-        return std::string(std::istreambuf_iterator<char>(in), {});
-    };
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
-}
+using test::run_quest;
+using test::RunResult;
 
 std::filesystem::path small_model(const std::string& name) {
     const auto dir = test::temp_dir(name);

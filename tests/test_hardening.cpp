@@ -36,24 +36,9 @@ using ::testing::Not;
 
 namespace {
 
-struct RunResult {
-    int exit_code;
-    std::string out, err;
-};
-
-std::string slurp(const std::filesystem::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// Runs the quest binary with `args` (shell-quoted), capturing stdout and stderr.
-RunResult run_quest(const std::string& args, const std::string& name = "hardening_run") {
-    const auto dir = test::temp_dir(name);
-    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >" + (dir / "out").string() + " 2>" +
-                            (dir / "err").string();
-    const int status = std::system(cmd.c_str());
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
-}
+using test::run_quest;
+using test::RunResult;
+using test::slurp;
 
 std::string demo() { return "'" + test::demo_model_dir().string() + "'"; }
 

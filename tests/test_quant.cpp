@@ -663,22 +663,8 @@ TEST(Int4Quality, AwqScalingPreservesTheFullPrecisionFunction) {
 
 namespace {
 
-struct RunResult {
-    int exit_code;
-    std::string out, err;
-};
-
-RunResult run_quest(const std::string& args) {
-    const auto dir = test::temp_dir("quant_cli_run");
-    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >" + (dir / "out").string() + " 2>" +
-                            (dir / "err").string();
-    const int status = std::system(cmd.c_str());
-    auto slurp = [](const std::filesystem::path& p) {
-        std::ifstream in(p);
-        return std::string(std::istreambuf_iterator<char>(in), {});
-    };
-    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
-}
+using test::run_quest;
+using test::RunResult;
 
 }  // namespace
 

@@ -4,8 +4,11 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace quest::test {
@@ -37,6 +40,29 @@ inline std::filesystem::path temp_dir(const std::string& name) {
     std::filesystem::create_directories(dir);
     return dir;
 }
+
+// The whole content of a file ("" when it cannot be read).
+inline std::string slurp(const std::filesystem::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+#ifdef QUEST_BINARY
+struct RunResult {
+    int exit_code;
+    std::string out;  // stdout
+    std::string err;  // stderr
+};
+
+// Runs the quest binary with `args` (a shell-quoted string), capturing stdout and stderr separately.
+inline RunResult run_quest(const std::string& args, const std::string& name = "run") {
+    const auto dir = temp_dir(name);
+    const std::string cmd = std::string("'") + QUEST_BINARY + "' " + args + " >" + (dir / "out").string() + " 2>" +
+                            (dir / "err").string();
+    const int status = std::system(cmd.c_str());
+    return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out"), slurp(dir / "err")};
+}
+#endif
 
 }  // namespace quest::test
 
