@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/attention_decode.cuh"
@@ -23,20 +24,42 @@ __device__ __forceinline__ void half8_to_float(uint4 raw, float* out) {
 //   phase 1: s[g][t] = (q_g . k_t) * scale * log2(e)          (K read once)
 //   phase 2: per g: m = max_t s, p = exp2(s - m), l = sum p
 //   phase 3: o[g] = sum_t p[g][t] v_t / l                       (V read once), partials reduced in shared memory
+// Spans of a length (the same on every block): the fewest spans of at most max_span tokens, raised to whole waves of
+// the resident grid (wave_splits spans per KV head fill every SM once) so that no wave runs nearly empty, but never
+// shorter than kMinSpan tokens and never more than max_splits spans. The span is ceil(len / splits) tokens; the last
+// active span may be shorter, and spans past `active` do nothing.
+constexpr int kMinSpan = 64;
+struct Spans {
+    int span, active;
+};
+__device__ __forceinline__ Spans decode_spans(int len, int max_span, int wave_splits, int max_splits) {
+    const int need = (len + max_span - 1) / max_span;
+    int splits = need;
+    if (wave_splits > 0) {
+        const int waves = (need + wave_splits - 1) / wave_splits;
+        splits = min(waves * wave_splits, (len + kMinSpan - 1) / kMinSpan);
+    }
+    splits = max(need, min(splits, max_splits));
+    const int span = (len + splits - 1) / splits;
+    return {span, (len + span - 1) / span};
+}
+
 template <int D, int G>
 __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, const __half* q, KvLayerView kv,
                                                                 const int* d_pos, float scale_log2, int split_tokens,
-                                                                SplitWorkspace ws) {
+                                                                int wave_splits, SplitWorkspace ws) {
     constexpr int LANES = D / 8;
     constexpr int GROUPS = kThreads / LANES;
     constexpr int kUnroll = G <= 2 ? 8 : 4;  // rows of K (or V) loaded per token group before the first use
     pdl_wait();
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int len = *d_pos + 1;
-    const int active = (len + split_tokens - 1) / split_tokens;
-    const int t0 = split * split_tokens;
-    if (t0 >= len) return;  // span beyond the sequence: it takes no ticket and the merge ignores it
-    const int n = min(len, t0 + split_tokens) - t0;
+    if (len < 1 || len > kv.capacity) return;
+    const Spans sp = decode_spans(len, split_tokens, wave_splits, ws.max_splits);
+    const int active = sp.active;
+    const int t0 = split * sp.span;
+    if (split >= active) return;  // span beyond the sequence: it takes no ticket and the merge ignores it
+    const int n = min(len, t0 + sp.span) - t0;  // <= split_tokens: the shared score row's length
 
     extern __shared__ float smem[];
     float* s = smem;                      // [G][split_tokens]
@@ -191,8 +214,14 @@ void launch_split(__half* out, const __half* q, const KvLayerView& kv, const int
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(decode_split_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
+    // Spans per KV head that fill every SM once (host-side occupancy query: no stream work, graph-safe).
+    int per_sm = 0, dev = 0, sms = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_split_kernel<D, G>, kThreads, smem));
+    CUDA_CHECK(cudaGetDevice(&dev));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    const int wave_splits = std::max(1, per_sm * sms / kv.num_kv_heads);
     launch_pdl(decode_split_kernel<D, G>, dim3(kv.num_kv_heads, ws.max_splits), dim3(kThreads), smem, stream, out, q, kv,
-               d_pos, scale_log2, split_tokens, ws);
+               d_pos, scale_log2, split_tokens, wave_splits, ws);
 }
 
 template <int D>
@@ -212,6 +241,8 @@ void dispatch_group(int group, __half* out, const __half* q, const KvLayerView& 
 size_t split_workspace_floats(int num_heads, int head_dim, int max_splits) {
     return static_cast<size_t>(num_heads) * max_splits * (head_dim + 2);
 }
+
+int decode_max_splits(int capacity, int split_tokens) { return 2 * ceil_div(capacity, split_tokens); }
 
 int default_split_tokens(int capacity) {
     int s = 32;

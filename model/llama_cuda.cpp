@@ -96,7 +96,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
     const size_t act = C * (H * 4 /*x*/ + (qd + 2 * kv) * 4 /*qkv*/ + H * 4 /*proj*/ + 2 * F * 4 /*gu*/ +
                             H * 2 /*xn*/ + qd * 2 /*q*/ + qd * 2 /*att*/ + F * 2 /*act*/ + 4 /*tokens*/);
     const int split_tokens = o.split_tokens > 0 ? o.split_tokens : default_split_tokens(static_cast<int>(tokens));
-    const size_t splits = (tokens + split_tokens - 1) / split_tokens;
+    const size_t splits = decode_max_splits(static_cast<int>(tokens), split_tokens);
     const size_t split_ws = split_workspace_floats(c.num_heads, c.head_dim, static_cast<int>(splits)) * 4;
     const size_t quest_ws = q.full_attention ? 0
                                              : quest_workspace_sizes(c.num_heads, c.num_kv_heads, c.head_dim,
@@ -258,7 +258,7 @@ void CudaLlama::allocate() {
     att_ = DeviceBuffer<__half>(C * qd);
     act_ = DeviceBuffer<__half>(C * F);
     if (opts_.split_tokens <= 0) opts_.split_tokens = default_split_tokens(capacity_);
-    const int splits = ceil_div(capacity_, opts_.split_tokens);
+    const int splits = decode_max_splits(capacity_, opts_.split_tokens);
     ws_float_ = DeviceBuffer<float>(split_workspace_floats(c_.num_heads, c_.head_dim, splits));
     split_counters_ = DeviceBuffer<int>(c_.num_kv_heads);
     split_counters_.fill_bytes(0);

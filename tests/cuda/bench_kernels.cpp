@@ -160,7 +160,7 @@ void bench_attention() {
         DeviceBuffer<int> pos(1);
         std::vector<int> p = {L - 1};
         pos.upload(p);
-        const int split = default_split_tokens(L), splits = ceil_div(L, split);
+        const int split = default_split_tokens(L), splits = decode_max_splits(L, split);
         DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
         DeviceBuffer<int> counters(NKV);
         counters.fill_bytes(0);

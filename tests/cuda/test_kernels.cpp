@@ -270,35 +270,40 @@ TEST(CudaOps, AttentionDecodeSplitK) {
     struct Case { int D, NKV, G, len, split, cap; };
     for (Case cs : {Case{128, 2, 1, 4096, 256, 4200}, Case{128, 1, 4, 1000, 256, 1024}, Case{64, 2, 8, 333, 64, 400},
                     Case{8, 4, 2, 130, 32, 512}, Case{16, 1, 1, 1, 256, 16}, Case{32, 3, 2, 257, 256, 300},
-                    Case{256, 1, 2, 700, 128, 800}, Case{128, 8, 1, 32768, 256, 32768}}) {
-        const int NH = cs.NKV * cs.G, D = cs.D;
-        DeviceKv kv(cs.NKV, D, cs.cap, 16);
-        auto k = random_floats(g, kv.k.size()), v = random_floats(g, kv.v.size());
-        auto q = random_floats(g, size_t(NH) * D, 0.5f);
-        kv.k.upload(to_half(k));
-        kv.v.upload(to_half(v));
-        auto dq = upload(to_half(q));
-        DeviceBuffer<int> pos(1);
-        std::vector<int> p = {cs.len - 1};
-        pos.upload(p);
-        const int splits = ceil_div(cs.cap, cs.split);
-        DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
-        wsb.fill_bytes(0xFF);
-        DeviceBuffer<int> counters(cs.NKV);
-        counters.fill_bytes(0);
-        SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
-        DeviceBuffer<__half> out(size_t(NH) * D);
-        out.fill_bytes(0xFF);
-        const float scale = 1.0f / std::sqrt(float(D));
-        attention_decode(out.get(), dq.get(), kv.view, pos.get(), NH, scale, cs.split, ws, nullptr);
-        std::vector<float> want(size_t(NH) * D);
-        for (int h = 0; h < NH; ++h) {
-            const int kvh = h / cs.G;
-            attention_full_ref(&want[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
-                               &v[size_t(kvh) * cs.cap * D], D, cs.len, scale);
+                    Case{256, 1, 2, 700, 128, 800}, Case{128, 8, 1, 32768, 256, 32768},
+                    Case{128, 8, 1, 40000, 1024, 49152}}) {
+        // The smallest workspace (spans of split tokens) and the balancing one (decode_max_splits: whole waves).
+        for (const bool balanced : {false, true}) {
+            const int NH = cs.NKV * cs.G, D = cs.D;
+            DeviceKv kv(cs.NKV, D, cs.cap, 16);
+            auto k = random_floats(g, kv.k.size()), v = random_floats(g, kv.v.size());
+            auto q = random_floats(g, size_t(NH) * D, 0.5f);
+            kv.k.upload(to_half(k));
+            kv.v.upload(to_half(v));
+            auto dq = upload(to_half(q));
+            DeviceBuffer<int> pos(1);
+            std::vector<int> p = {cs.len - 1};
+            pos.upload(p);
+            const int splits = balanced ? decode_max_splits(cs.cap, cs.split) : ceil_div(cs.cap, cs.split);
+            DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
+            wsb.fill_bytes(0xFF);
+            DeviceBuffer<int> counters(cs.NKV);
+            counters.fill_bytes(0);
+            SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
+            DeviceBuffer<__half> out(size_t(NH) * D);
+            out.fill_bytes(0xFF);
+            const float scale = 1.0f / std::sqrt(float(D));
+            attention_decode(out.get(), dq.get(), kv.view, pos.get(), NH, scale, cs.split, ws, nullptr);
+            std::vector<float> want(size_t(NH) * D);
+            for (int h = 0; h < NH; ++h) {
+                const int kvh = h / cs.G;
+                attention_full_ref(&want[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
+                                   &v[size_t(kvh) * cs.cap * D], D, cs.len, scale);
+            }
+            EXPECT_LE(rel_err(to_float(out.download()), want), 2e-3)
+                << "D=" << D << " G=" << cs.G << " len=" << cs.len << " balanced=" << balanced;
+            for (int c : counters.download()) EXPECT_EQ(c, 0) << "the merging block resets its counter";
         }
-        EXPECT_LE(rel_err(to_float(out.download()), want), 2e-3) << "D=" << D << " G=" << cs.G << " len=" << cs.len;
-        for (int c : counters.download()) EXPECT_EQ(c, 0) << "the merging block resets its counter";
     }
 }
 
@@ -315,7 +320,7 @@ TEST(CudaOps, AttentionDecodeInsideAGraphFollowsTheDeviceLength) {
     DeviceBuffer<int> pos(1);
     std::vector<int> p0 = {0};
     pos.upload(p0);
-    const int splits = ceil_div(cap, split);
+    const int splits = decode_max_splits(cap, split);  // the span count changes with the length inside the graph
     DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
     DeviceBuffer<int> counters(NKV);
     counters.fill_bytes(0);
