@@ -46,7 +46,7 @@ struct ModelFlags {
     std::optional<std::string> gqa_policy;
     std::optional<std::string> selector, metadata;
     std::optional<int> shortlist, sub_page;
-    std::optional<double> mass_target;
+    std::optional<double> mass_target, reuse_cos;
     bool full_attention = false;
     bool match_bytes = false;
     bool no_graph = false;
@@ -76,6 +76,9 @@ struct ModelFlags {
                        "(e.g. 0.95; 0 = off; CPU)");
         app.add_flag("--match-bytes", match_bytes,
                      "two-level: read as many sub-pages as fit in Quest's bytes per step (not B tokens; CPU)");
+        app.add_option("--reuse-cos", reuse_cos,
+                       "quest: keep a layer's last page selection while the page count is unchanged and every query "
+                       "head's cosine to its query at that selection is >= this (0 = off, -1 = always; CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
         app.add_flag("--quest-fused", quest_fused,
@@ -114,6 +117,7 @@ struct ModelFlags {
         if (sub_page) s.sub_page = *sub_page;
         if (mass_target) s.mass_target = *mass_target;
         if (match_bytes) s.match_bytes = true;
+        if (reuse_cos) s.reuse_cos = *reuse_cos;
         if (full_attention) s.full_attention = true;
         s.validate();
         return s;

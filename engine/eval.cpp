@@ -95,6 +95,7 @@ void bytes_collect(const Backend& b, ReadStats& acc) {
     acc.selecting_steps += r.selecting_steps;
     acc.selecting_rows += r.selecting_rows;
     acc.selected_tokens += r.selected_tokens;
+    acc.reused_steps += r.reused_steps;
 }
 
 BytesSummary bytes_finish(const ReadStats& r) {
@@ -104,6 +105,7 @@ BytesSummary bytes_finish(const ReadStats& r) {
     b.quest_bytes_per_step = r.quest_bytes_per_step();
     b.metadata_bytes_per_step = r.metadata_bytes_per_step();
     b.tokens_per_row = r.tokens_per_row();
+    b.reused_fraction = r.selecting_steps ? double(r.reused_steps) / r.selecting_steps : 0.0;
     b.steps = r.steps;
     return b;
 }
@@ -118,6 +120,7 @@ nlohmann::json bytes_json(const BytesSummary& b) {
             {"quest_layer_bytes_per_step", b.quest_bytes_per_step},
             {"metadata_bytes_per_step", b.metadata_bytes_per_step},
             {"kv_tokens_per_row", b.tokens_per_row},
+            {"reused_fraction", b.reused_fraction},
             {"steps", b.steps}};
 }
 
@@ -402,7 +405,7 @@ PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base)
     auto bad = [&](const std::string& why) {
         throw InputError("--policies: '" + spec + "': " + why +
                          " (expected name[+opt...], name quest|streaming|oracle|two-level, opts int8, int4, fp16, S<page>, "
-                         "s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched))");
+                         "s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched), r<reuse cosine>)");
     };
     while (std::getline(ss, item, '+')) {
         if (first) {
@@ -422,6 +425,8 @@ PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base)
             size_t used = 0;
             if (c == 'p') {
                 p.settings.mass_target = std::stod(v, &used);
+            } else if (c == 'r') {
+                p.settings.reuse_cos = std::stod(v, &used);
             } else {
                 const int x = std::stoi(v, &used);
                 if (c == 'S') p.settings.page_size = x;

@@ -36,6 +36,7 @@ struct BytesSummary {
     double quest_bytes_per_step = 0;     // the Quest layers only (layers >= dense_layers): metadata + KV
     double metadata_bytes_per_step = 0;  // the metadata part of quest_bytes_per_step
     double tokens_per_row = 0;           // KV tokens a selection row read at a selecting step (P > K)
+    double reused_fraction = 0;          // of the selecting (layer, step) pairs, the share that kept the last selection
     int64_t steps = 0;                   // decode steps counted
 };
 

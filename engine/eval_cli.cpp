@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 
 #include "engine/backend_factory.h"
@@ -24,6 +25,7 @@ struct EvalFlags {
     std::string gqa_policy, selector, metadata, set, policies = "quest";
     int shortlist = 0, sub_page = 0, jsonl_samples = 0;
     double mass_target = -1;
+    std::optional<double> reuse_cos;
     bool match_bytes = false;
     bool diagnostics = false;
     uint64_t seed = 1;
@@ -43,6 +45,7 @@ QuestSettings base_settings(const EvalFlags& f) {
     if (f.sub_page > 0) q.sub_page = f.sub_page;
     if (f.mass_target >= 0) q.mass_target = f.mass_target;
     if (f.match_bytes) q.match_bytes = true;
+    if (f.reuse_cos) q.reuse_cos = *f.reuse_cos;
     q.budget = std::max(q.budget, q.page_size);
     return q;
 }
@@ -91,6 +94,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
         a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");
         a->add_flag("--match-bytes", flags->match_bytes, "two-level: as many sub-pages as fit in Quest's bytes per step");
+        a->add_option("--reuse-cos", flags->reuse_cos,
+                      "quest: keep the last selection while the page is the same and the query's cosine to it >= this");
         a->add_flag("--diagnostics", flags->diagnostics,
                     "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
         a->add_option("--json", flags->json, "write the rows as JSON");
@@ -114,8 +119,9 @@ EvalCommand add_eval_command(CLI::App& parent) {
     jsonl->add_option("--set", flags->set, "JSONL set (prefill_ids, question_ids, answer)")->required();
     jsonl->add_option("--samples", flags->jsonl_samples, "the first N prompts (default: all)");
     jsonl->add_option("--policies", flags->policies,
-                      "comma-separated policies name[+opt...]: quest, streaming, oracle, two-level; opts int8, fp16, "
-                      "S<page>, s<sub-page>, x<shortlist>, p<mass target> (e.g. two-level+s4+x4,quest+int8+S8)")
+                      "comma-separated policies name[+opt...]: quest, streaming, oracle, two-level; opts fp16, int8, "
+                      "int4, S<page>, s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched), r<reuse cosine> "
+                      "(e.g. two-level+s4+x4,quest+int8+S8,quest+int4+m,quest+r0.5)")
         ->capture_default_str();
     cmd.run = [flags, passkey, ppl, jsonl]() -> int {
         const EvalFlags& f = *flags;

@@ -24,6 +24,8 @@ void QuestSettings::validate() const {
         bad("mass_target (the adaptive budget) applies to the quest and two-level selectors");
     if (match_bytes && selector != PageSelector::TwoLevel && selector != PageSelector::Quest)
         bad("match_bytes applies to the quest and two-level selectors");
+    if (!(reuse_cos >= -1.0 && reuse_cos <= 1.0)) bad("reuse_cos must be in [-1, 1] (0: off), got " + std::to_string(reuse_cos));
+    if (reuse_cos != 0 && selector != PageSelector::Quest) bad("reuse_cos (selection reuse) applies to the quest selector");
     if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
     if (selector == PageSelector::TwoLevel &&
         (sub_page < 1 || sub_page >= page_size || (sub_page & (sub_page - 1)) != 0))
@@ -46,6 +48,11 @@ std::string QuestSettings::describe() const {
         d += buf;
     }
     if (match_bytes) d += " match_bytes";
+    if (reuse_cos != 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, " reuse_cos=%g", reuse_cos);
+        d += buf;
+    }
     return d;
 }
 
@@ -63,6 +70,11 @@ std::string QuestSettings::policy_label() const {
         l += buf;
     }
     if (match_bytes) l += "+m";
+    if (reuse_cos != 0) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "+r%g", reuse_cos);
+        l += buf;
+    }
     return l;
 }
 
@@ -99,6 +111,9 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
         else if (key == "mass_target") {
             if (!value.is_number()) fail("expected a number in [0, 1]");
             s.mass_target = value.get<double>();
+        } else if (key == "reuse_cos") {
+            if (!value.is_number()) fail("expected a number in [-1, 1] (0: off)");
+            s.reuse_cos = value.get<double>();
         } else if (key == "match_bytes") {
             if (!value.is_boolean()) fail("expected true or false");
             s.match_bytes = value.get<bool>();
@@ -119,7 +134,7 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
             // comments
         } else {
             fail("unknown setting (expected budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist, "
-                 "sub_page, mass_target, match_bytes, full_attention)");
+                 "sub_page, mass_target, match_bytes, reuse_cos, full_attention)");
         }
     }
     try {

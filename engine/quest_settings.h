@@ -22,6 +22,10 @@ struct QuestSettings {
     int sub_page = 4;         // two-level: tokens per sub-page (power of two < page_size)
     double mass_target = 0;   // adaptive budget: 0 off, else (0, 1]: fewest pages whose estimated mass reaches it
     bool match_bytes = false; // quest, two-level: read as many (sub-)pages as fit in fp16 Quest's bytes at the step
+    // quest: 0 off; else in [-1, 1]: a Quest layer keeps its last selection, without reading metadata, while the
+    // page count is unchanged and every query head's cosine similarity to its query at that selection is >=
+    // reuse_cos (a new page, or a query that moved, selects afresh; -1: whenever the page is unchanged). CPU backend.
+    double reuse_cos = 0;
 
     int page_budget() const { return budget / page_size; }  // K
     // True when layer `l` runs Quest selection (it may still be dense while the sequence has <= K pages).
@@ -37,7 +41,7 @@ struct QuestSettings {
 };
 
 // Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist,
-// sub_page, mass_target, match_bytes, full_attention); keys that are absent keep the values of `base`. `source`
+// sub_page, mass_target, match_bytes, reuse_cos, full_attention); keys that are absent keep the values of `base`. `source`
 // names the file in errors; unknown keys are errors too.
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source,
                                    const QuestSettings& base = {});

@@ -40,6 +40,26 @@ void CpuLlama::copy_cache_from(const CpuLlama& other) {
     if (other.pos_ > capacity()) throw ResourceError("copy_cache_from: the other cache holds more tokens than this one");
     cache_.copy_tokens_from(other.cache_, other.pos_);
     pos_ = other.pos_;
+    reuse_.clear();
+}
+
+bool CpuLlama::may_reuse(int l, const float* q, int pages) const {
+    if (quest_.reuse_cos == 0 || l >= static_cast<int>(reuse_.size())) return false;
+    const ReuseAnchor& a = reuse_[l];
+    if (a.pages != pages || a.q.empty()) return false;
+    const int D = w_->config.head_dim;
+    for (int h = 0; h < w_->config.num_heads; ++h) {
+        const float* x = q + size_t(h) * D;
+        const float* y = a.q.data() + size_t(h) * D;
+        double xy = 0, xx = 0, yy = 0;
+        for (int i = 0; i < D; ++i) {
+            xy += double(x[i]) * y[i];
+            xx += double(x[i]) * x[i];
+            yy += double(y[i]) * y[i];
+        }
+        if (!(xx > 0 && yy > 0) || xy < quest_.reuse_cos * std::sqrt(xx * yy)) return false;
+    }
+    return true;
 }
 
 void CpuLlama::record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& blocks,
@@ -100,6 +120,8 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
 
     selection_.assign(c.num_layers, {});
     selection_block_.assign(c.num_layers, 0);
+    if (!quest_step || n > 1) reuse_.clear();  // a prefill: the next decode step selects afresh
+    if (quest_.reuse_cos != 0) reuse_.resize(c.num_layers);
     Selection sel;
     for (int l = 0; l < c.num_layers; ++l) {
         if (n > 1 && interrupt_requested()) {  // Ctrl-C during a prefill: undo this call's cache writes and stop
@@ -149,7 +171,22 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 a.shortlist = quest_.shortlist;
                 a.mass_target = static_cast<float>(quest_.mass_target);
                 a.match_bytes = quest_.match_bytes;
-                select_blocks_ref(a, sel);
+                const int pages = (len + quest_.page_size - 1) / quest_.page_size;
+                if (may_reuse(l, qt, pages)) {
+                    // The anchor's pages (the last one has grown by the tokens since): KV only, no metadata.
+                    sel = reuse_[l].sel;
+                    sel.reads = SelectionReads{};
+                    sel.reads.rows = reuse_[l].sel.reads.rows;
+                    const int last_tokens = len - (pages - 1) * quest_.page_size;
+                    const int stride = quest_.gqa_policy == GqaPolicy::PerHead ? 1 : group;
+                    for (int h = 0; h < NH; h += stride)
+                        sel.reads.kv_tokens +=
+                            int64_t(sel.blocks[h].size() - 1) * quest_.page_size + last_tokens;
+                    ++reads_.reused_steps;
+                } else {
+                    select_blocks_ref(a, sel);
+                    if (quest_.reuse_cos != 0 && !sel.reads.dense) reuse_[l] = {sel, std::vector<float>(qt, qt + c.q_dim()), pages};
+                }
                 const int64_t bytes = selection_bytes(sel.reads, D, quest_.metadata);
                 reads_.quest_layer_bytes += bytes;
                 reads_.metadata_bytes += bytes - sel.reads.kv_tokens * 4ll * D;

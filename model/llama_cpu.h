@@ -35,6 +35,7 @@ struct ReadStats {
     int64_t selecting_steps = 0;    // (layer, step) pairs that selected (P > K)
     int64_t selecting_rows = 0;     // selection rows at those, summed
     int64_t selected_tokens = 0;    // KV tokens read at those, summed over rows
+    int64_t reused_steps = 0;       // of the selecting (layer, step) pairs, those that kept the last selection (reuse_cos)
     double bytes_per_step() const { return steps ? double(quest_layer_bytes + dense_layer_bytes) / steps : 0.0; }
     double quest_bytes_per_step() const { return steps ? double(quest_layer_bytes) / steps : 0.0; }
     double metadata_bytes_per_step() const { return steps ? double(metadata_bytes) / steps : 0.0; }
@@ -52,7 +53,10 @@ public:
     const QuestSettings& quest() const override { return quest_; }
     int capacity() const override { return cache_.shape().capacity; }
     int position() const override { return pos_; }
-    void reset() override { pos_ = 0; }
+    void reset() override {
+        pos_ = 0;
+        reuse_.clear();
+    }
     std::span<const float> prefill(std::span<const int> tokens, std::vector<float>* all_logits = nullptr) override;
     std::span<const float> decode(int token) override;
     double last_decode_ms() const override { return last_ms_; }
@@ -91,6 +95,16 @@ private:
     std::vector<float> logits_;
     std::vector<std::vector<std::vector<int>>> selection_;
     std::vector<int> selection_block_;  // [layer] tokens per block of selection_
+    // reuse_cos: per layer, the last fresh selection, the queries it was made for ([num_heads][head_dim]) and its page
+    // count; empty after a reset or a prefill.
+    struct ReuseAnchor {
+        Selection sel;
+        std::vector<float> q;
+        int pages = 0;
+    };
+    std::vector<ReuseAnchor> reuse_;
+    // True when layer l may keep its anchor's selection for query q at `pages` pages (reuse_cos).
+    bool may_reuse(int l, const float* q, int pages) const;
     ReadStats reads_;
     ActivationObserver observer_;
 };

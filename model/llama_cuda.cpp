@@ -122,6 +122,8 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                          "': the CUDA backend keeps FP16 page metadata only (int8 and int4 bounds run on --backend cpu)");
     if (!quest_.full_attention && quest_.mass_target > 0)
         throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads K pages)");
+    if (!quest_.full_attention && quest_.reuse_cos != 0)
+        throw InputError("reuse_cos: selection reuse runs on --backend cpu only (the CUDA backend selects every step)");
     if (!quest_.full_attention && quest_.match_bytes)
         throw InputError("match_bytes: bytes-matched budgets run on --backend cpu only (the CUDA backend reads K pages)");
     if (cuda_device_count() == 0)

@@ -592,6 +592,64 @@ TEST(Policy, EngineCountsBytesPerStepByHand) {
     EXPECT_DOUBLE_EQ(r.tokens_per_row(), 10.0);
 }
 
+// Selection reuse (reuse_cos): at 1 the queries of consecutive steps are never parallel, so nothing is reused and the
+// run equals plain Quest bit for bit; at -1 every step after the first of a page keeps that page's
+// selection (no metadata read), and a new page always selects afresh.
+TEST(Policy, ReuseKeepsTheSelectionWithinAPageAndSkipsTheMetadata) {
+    auto w = tiny_weights("policy_reuse");
+    std::vector<int> prompt(61);
+    for (int i = 0; i < 61; ++i) prompt[i] = 3 + (i * 29) % 90;
+    QuestSettings q;
+    q.page_size = 4;
+    q.budget = 12;
+    q.dense_layers = 1;
+    QuestSettings strict = q, loose = q;
+    strict.reuse_cos = 1.0;
+    loose.reuse_cos = -1;  // whenever the page is unchanged
+    CpuLlama plain(w, q, 128), same(w, strict, 128), reuse(w, loose, 128);
+    for (CpuLlama* b : {&plain, &same, &reuse}) b->prefill(prompt);
+    const std::vector<int> next = {5, 9, 40, 11, 77, 23, 50, 8, 61, 19, 2, 33};
+    std::vector<std::vector<std::vector<int>>> prev;
+    int reused_expected = 0;
+    for (size_t i = 0; i < next.size(); ++i) {
+        const auto x = plain.decode(next[i]);
+        const std::vector<float> xa(x.begin(), x.end());
+        const auto y = same.decode(next[i]);
+        EXPECT_EQ(xa, std::vector<float>(y.begin(), y.end())) << "reuse_cos 1 must equal plain Quest, step " << i;
+        reuse.decode(next[i]);
+        const int len = 61 + int(i) + 1, pages = (len + 3) / 4;
+        const bool new_page = i == 0 || (len - 1) % 4 == 0;  // the first token of a page starts it
+        for (int l = 1; l < 3; ++l) {
+            const auto& sel = reuse.last_selection()[l];
+            ASSERT_EQ(int(sel.size()), 6);
+            for (const auto& blocks : sel) EXPECT_EQ(blocks.back(), pages - 1) << "the last page is always read";
+            if (!new_page) {
+                EXPECT_EQ(sel, prev[l]) << "step " << i << " layer " << l << " kept its selection";
+            }
+        }
+        if (!new_page) reused_expected += 2;  // both Quest layers
+        prev = reuse.last_selection();
+    }
+    EXPECT_EQ(same.read_stats().reused_steps, 0);
+    EXPECT_EQ(same.read_stats().metadata_bytes, plain.read_stats().metadata_bytes);
+    EXPECT_EQ(reuse.read_stats().reused_steps, reused_expected);
+    EXPECT_GT(reused_expected, 0);
+    // Metadata is read only at the fresh selections: (steps * 2 layers - reused) x 2 KV heads x (P - 1) pages x 32
+    // bytes, P at each fresh step; count it by hand.
+    int64_t meta = 0;
+    for (size_t i = 0; i < next.size(); ++i) {
+        const int len = 61 + int(i) + 1, pages = (len + 3) / 4;
+        if (i == 0 || (len - 1) % 4 == 0) meta += 2 * 2 * int64_t(pages - 1) * 32;
+    }
+    EXPECT_EQ(reuse.read_stats().metadata_bytes, meta);
+    // A prefill forgets the anchors: the next step selects afresh.
+    reuse.reset();
+    reuse.prefill(prompt);
+    const int64_t before = reuse.read_stats().reused_steps;
+    reuse.decode(5);
+    EXPECT_EQ(reuse.read_stats().reused_steps, before);
+}
+
 // ---------------------------------------------------------------- engine plumbing
 
 TEST(Policy, KvCacheSubPageMetadataSurvivesCopyAndTruncate) {
@@ -671,6 +729,13 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_THROW(parse_quest_settings(R"({"mass_target": 1.5})", "t.json"), InputError);
     EXPECT_THROW(parse_quest_settings(R"({"selector": "oracle", "mass_target": 0.5})", "t.json"), InputError);
     EXPECT_THROW(parse_quest_settings(R"({"metadata": "int2"})", "t.json"), InputError);
+    EXPECT_DOUBLE_EQ(parse_policy_spec("quest+r0.95", base).settings.reuse_cos, 0.95);
+    EXPECT_EQ(parse_policy_spec("quest+int8+r0.9", base).settings.policy_label(), "quest+int8+r0.9");
+    EXPECT_DOUBLE_EQ(parse_quest_settings(R"({"reuse_cos": 0.8})", "t.json").reuse_cos, 0.8);
+    EXPECT_THROW(parse_quest_settings(R"({"reuse_cos": 1.5})", "t.json"), InputError);
+    EXPECT_EQ(parse_policy_spec("quest+r-1", base).settings.policy_label(), "quest+r-1");
+    EXPECT_THROW(parse_quest_settings(R"({"reuse_cos": 0.9, "selector": "streaming"})", "t.json"), InputError);
+    EXPECT_THROW(parse_policy_spec("two-level+r0.9", base).settings.validate(), InputError);
 }
 
 TEST(Policy, JsonlSetRunsEveryPolicyFromOnePrefill) {
