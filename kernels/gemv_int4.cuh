@@ -1,7 +1,9 @@
 #pragma once
-// 4-bit weights on the GPU, layout "quest-int4" v1 (kernels/quant.h): the fused dequantize + GEMV of the decode
-// step, the dequantize-to-FP16 kernel of the prefill (whose GEMM then runs on FP16), and random int4 weights for
-// benchmarks. CPU references: matvec_int4_ref and dequantize_int4 (kernels/quant.h).
+// 4-bit weights on the GPU, layout "quest-int4" v1 (kernels/quant.h) with the codes of each row permuted into the
+// device layout of kernels/int4_layout.h (int4_to_device_layout at upload; scales and zero points as in v1): the
+// fused dequantize + GEMV of the decode step, the dequantize-to-FP16 kernel of the prefill (whose GEMM then runs on
+// FP16), and random int4 weights for benchmarks. CPU references: matvec_int4_ref and dequantize_int4
+// (kernels/quant.h), on the v1 layout.
 //
 // Arithmetic of the GEMV: a 16-byte load of a row gives 32 codes of one group; each 32-bit word is turned into four
 // fp16 pairs (q - z) with one LOP3 (+ one shift per word) and one HSUB2/HFMA2 per pair (the 0x6400 "1024 + q"
@@ -9,15 +11,26 @@
 // products per lane half, then summed in fp32 and scaled by the group's fp16 scale in fp32. So the products are
 // fp16-rounded and short fp16 partial sums (8 terms of |q - z| <= 15 times |x|) precede the fp32 accumulation:
 // FP16 tolerance against the fp32 reference, no overflow unless |x| averages > ~500 over 8 neighbouring columns.
+// The "seg ... A16" variants add a chunk's two 8-product sums (even and odd words) in fp16 before the conversion:
+// sums of 16 products (the 16 even or the 16 odd columns of 32 neighbouring ones), so no overflow unless |x|
+// averages > ~270 over those 16 columns; one more fp16 rounding (host emulation at the test shapes: relative L2
+// error 4.9e-4 against 4.3e-4 for the 8-product sums, tolerance 3e-3). The "mma" variants multiply the same exact
+// (q - z) by x on the tensor cores: products exact, summed in fp32 over a segment (128 columns, or the group when
+// smaller), then scaled in fp32: no fp16 rounding at all after x (emulated: ~2e-6 relative), no overflow.
+//
+// Which variant gemv_int4() runs: QUEST_INT4_GEMV=<index> in the environment (an index of the variant list, as
+// quest_kernel_bench gemv4 prints it), read once at the first call, so that whole decode steps can be compared
+// without rebuilding; unset, the compiled default (kDefaultVariant in kernels/gemv_int4.cu); an invalid value warns
+// once on stderr and uses the default. gemv_int4_default_variant() says which.
 #include <cstdint>
 
 #include "kernels/cuda_common.cuh"
 
 namespace quest {
 
-// A quantized matrix on the device (kernels/quant.h layout).
+// A quantized matrix on the device (kernels/quant.h layout, the codes of each row in the device layout).
 struct Int4View {
-    const uint32_t* qweight = nullptr;  // [rows][cols / 8] codes
+    const uint32_t* qweight = nullptr;  // [rows][cols / 8] codes, kernels/int4_layout.h
     const __half* scales = nullptr;     // [rows][cols / group]
     const uint8_t* zeros = nullptr;     // [rows][cols / group], 0..15
     int rows = 0, cols = 0;             // out_features, in_features
@@ -31,7 +44,13 @@ struct Int4View {
 // the default kernel copies x into cols * 2 bytes of (dynamic) shared memory per block.
 void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream);
 
-// The kernel variants gemv_int4() chooses from, for the micro-benchmark and the tests; gemv_int4() is variant 0.
+// The kernel variants gemv_int4() chooses from, for the micro-benchmark and the tests; gemv_int4() runs
+// gemv_int4_default_variant().
+// "seg R W S<n> A<a> [M<m>]": one lane per segment of the device layout (a whole group of 128 columns for group
+// >= 128), a persistent grid of at most n warps per SM (W per block) streaming tiles of R rows, fp16 sums of a
+// products (registers capped for m warps per SM).
+// "mma W P<p> S<n>": tensor cores (mma.sync m16n8k16), blocks of W warps streaming 16-row tiles (the warps split a
+// tile's columns), codes by cp.async into per-warp rings of p stages, at most n warps per SM.
 // "stream R U W S<n>": a persistent grid of at most n warps per SM, each warp streaming tiles of R rows with U
 // 16-byte loads per row per lane kept in flight across rows (W warps per block, x in shared memory).
 // "async R U W P<p> S<n>": the same tiling, the codes copied by cp.async into a per-warp ring of p stages in shared
@@ -41,14 +60,19 @@ void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream
 int gemv_int4_variant_count();
 const char* gemv_int4_variant_name(int v);
 void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cudaStream_t stream);
+// The variant gemv_int4() runs (QUEST_INT4_GEMV or the compiled default, above).
+int gemv_int4_default_variant();
+// A QUEST_INT4_GEMV value: the variant index (decimal digits only, < gemv_int4_variant_count()), else -1.
+int gemv_int4_parse_variant(const char* text);
 
-// out [rows][cols] (fp16, 16-byte aligned) = dequant(W): each element is the fp16 rounding of the exact
-// (q - z) * scale, i.e. bit for bit float_to_half(dequantize_int4(...)). The prefill runs this into a scratch
-// buffer before its FP16 GEMM. Plain launch (not programmatic).
+// out [rows][cols] (fp16, 16-byte aligned, row-major in column order) = dequant(W): each element is the fp16
+// rounding of the exact (q - z) * scale, i.e. bit for bit float_to_half(dequantize_int4(...)) of the v1 matrix.
+// The prefill runs this into a scratch buffer before its FP16 GEMM. Plain launch (not programmatic).
 void dequantize_int4_to_half(__half* out, const Int4View& W, cudaStream_t stream);
 
 // Random int4 weights for benchmarks of large shapes without a checkpoint: codes uniform in 0..15 from a hash of
-// (seed, index), zero points 7 or 8, scales amplitude / 7.5 * (0.75 .. 1.25): values within about +-amplitude.
+// (seed, index in the device layout: uniform codes are uniform in any layout), zero points 7 or 8, scales
+// amplitude / 7.5 * (0.75 .. 1.25): values within about +-amplitude.
 void fill_random_int4(uint32_t* qweight, __half* scales, uint8_t* zeros, int rows, int cols, int group, uint64_t seed,
                       float amplitude, cudaStream_t stream);
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 
+#include "kernels/int4_layout.h"
 #include "model/dtype.h"
 #include "model/error.h"
 
@@ -203,6 +204,42 @@ Int4Matrix int4_from_awq(const int32_t* qweight, const int32_t* qzeros, const ui
         for (int n = 0; n < N; ++n) m.scales[static_cast<size_t>(n) * G + g] = scales[static_cast<size_t>(g) * N + n];
     }
     return m;
+}
+
+namespace {
+
+// Moves chunk c of every row to int4_chunk_slot(c) (to_device) or back.
+void int4_permute_rows(std::span<uint32_t> qweight, int rows, int cols, int group, bool to_device) {
+    if (!int4_quantizable(cols, group) || rows < 0 ||
+        qweight.size() != static_cast<size_t>(rows) * static_cast<size_t>(cols / 8))
+        throw std::invalid_argument("int4 device layout: bad matrix shape");
+    const int chunks = cols / 32, sshift = int4_segment_shift(group);
+    if (sshift == 0) return;  // group 32: the identity
+    std::vector<uint32_t> row(static_cast<size_t>(chunks) * 4);
+    for (int r = 0; r < rows; ++r) {
+        uint32_t* q = qweight.data() + static_cast<size_t>(r) * chunks * 4;
+        std::copy(q, q + row.size(), row.begin());
+        for (int c = 0; c < chunks; ++c) {
+            const size_t logical = static_cast<size_t>(c) * 4;
+            const size_t slot = static_cast<size_t>(int4_chunk_slot(c, chunks, sshift)) * 4;
+            for (int w = 0; w < 4; ++w) {
+                if (to_device)
+                    q[slot + w] = row[logical + w];
+                else
+                    q[logical + w] = row[slot + w];
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void int4_to_device_layout(std::span<uint32_t> qweight, int rows, int cols, int group) {
+    int4_permute_rows(qweight, rows, cols, group, true);
+}
+
+void int4_from_device_layout(std::span<uint32_t> qweight, int rows, int cols, int group) {
+    int4_permute_rows(qweight, rows, cols, group, false);
 }
 
 double int4_relative_error(const float* W, const Int4Matrix& m) {

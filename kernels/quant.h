@@ -81,6 +81,13 @@ void matvec_int4_ref(float* y, const Int4Matrix& m, const float* x);
 Int4Matrix int4_from_awq(const int32_t* qweight, const int32_t* qzeros, const uint16_t* scales, int in_features,
                          int out_features, int group);
 
+// The codes of a rows x cols matrix (group G) rearranged in place between the layout above and the CUDA device
+// layout (kernels/int4_layout.h: the 16-byte chunks of each row permuted; scales and zero points unchanged). The
+// CUDA backend repacks at upload; the checkpoint format and the CPU reference keep the layout above. qweight holds
+// rows * cols / 8 words; std::invalid_argument when it does not or G is not valid for cols.
+void int4_to_device_layout(std::span<uint32_t> qweight, int rows, int cols, int group);
+void int4_from_device_layout(std::span<uint32_t> qweight, int rows, int cols, int group);
+
 // ||W - dequant(Q(W))|| / ||W|| (fp64 sums), the figure the quantize summary reports per matrix.
 double int4_relative_error(const float* W, const Int4Matrix& m);
 

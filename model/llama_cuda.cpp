@@ -434,6 +434,9 @@ void CudaLlama::load_weights(const ModelFolder& model) {
                                      " differs from the other parts of its fused matrix (" +
                                      std::to_string(w4.group) + ")");
                 const size_t groups = static_cast<size_t>(s.cols / w4.group);
+                // The device layout (kernels/int4_layout.h): a permutation of each row's codes, so parts of a fused
+                // matrix are repacked and uploaded one by one.
+                int4_to_device_layout(m.qweight, static_cast<int>(s.rows), static_cast<int>(s.cols), w4.group);
                 CUDA_CHECK(cudaMemcpy(const_cast<uint32_t*>(w4.qweight) + row0 * (s.cols / 8), m.qweight.data(),
                                       m.qweight.size() * 4, cudaMemcpyHostToDevice));
                 CUDA_CHECK(cudaMemcpy(const_cast<__half*>(w4.scales) + row0 * groups, m.scales.data(),
@@ -467,8 +470,9 @@ void CudaLlama::load_weights(const ModelFolder& model) {
     if (clamped_total)
         spdlog::warn("{} weight values were outside the FP16 range and were clamped (BF16/F32 checkpoint)", clamped_total);
     if (int4_count)
-        spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest)", int4_count,
-                     7 * c_.num_layers, quantized_on_load);
+        spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest); decode GEMV {} "
+                     "({}, QUEST_INT4_GEMV)", int4_count, 7 * c_.num_layers, quantized_on_load,
+                     gemv_int4_default_variant(), gemv_int4_variant_name(gemv_int4_default_variant()));
     // cudaMemcpy from pageable memory may return before its DMA lands; stream_ is non-blocking: settle everything.
     CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -499,6 +503,11 @@ void CudaLlama::randomize_weights(uint64_t seed) {
     fill_norm(final_norm_);
     if (!c_.tie_word_embeddings) fill(lm_head_, V * H, H);
     CUDA_CHECK(cudaStreamSynchronize(stream_));
+    if (std::any_of(layers_.begin(), layers_.end(), [](const Layer& l) {
+            return l.qkv4.valid() || l.o4.valid() || l.gu4.valid() || l.down4.valid();
+        }))
+        spdlog::info("random int4 weights; decode GEMV {} ({}, QUEST_INT4_GEMV)", gemv_int4_default_variant(),
+                     gemv_int4_variant_name(gemv_int4_default_variant()));
 }
 
 // ------------------------------------------------------------------------------------------------------------------

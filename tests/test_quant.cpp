@@ -14,6 +14,7 @@
 
 #include "engine/backend.h"
 #include "kernels/basic_ops.h"
+#include "kernels/int4_layout.h"
 #include "kernels/quant.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
@@ -209,6 +210,67 @@ TEST(Int4Layout, MagicNumberDequantizationIsExact) {
             for (int j = 0; j < 8; ++j) ASSERT_EQ(got[j], float(int(q[j]) - int(z))) << "column " << j;
         }
     }
+}
+
+// The CUDA device layout (kernels/int4_layout.h): per row, a permutation of the 16-byte chunks that puts chunk j of
+// segments 32 b .. 32 b + n_b - 1 (S chunks of one group each) at n_b consecutive slots; the identity for group 32.
+TEST(Int4DeviceLayout, ChunkSlotsArePerRowPermutationsWithCoalescedRuns) {
+    for (int group : {32, 64, 128, 256, 4096}) {
+        for (int cols : {32, 64, 96, 128, 192, 384, 640, 4096, 4160, 4224, 11008, 12288, 24576}) {
+            if (!int4_quantizable(cols, group)) continue;
+            SCOPED_TRACE(::testing::Message() << cols << " g" << group);
+            const int chunks = cols / 32, sshift = int4_segment_shift(group), S = 1 << sshift;
+            EXPECT_EQ(S, std::min(group / 32, 4));
+            EXPECT_EQ(chunks % S, 0);
+            std::vector<int> hits(chunks, 0);
+            for (int c = 0; c < chunks; ++c) {
+                const int slot = int4_chunk_slot(c, chunks, sshift);
+                ASSERT_GE(slot, 0);
+                ASSERT_LT(slot, chunks);
+                ++hits[slot];
+                if (S == 1) {
+                    EXPECT_EQ(slot, c);
+                }
+                // A segment's chunks are inside one group.
+                EXPECT_EQ((c / S) * S * 32 / group, (c / S * S + S - 1) * 32 / group);
+            }
+            for (int h : hits) ASSERT_EQ(h, 1);
+            const int nseg = chunks / S;
+            for (int b = 0; b * 32 < nseg; ++b) {
+                const int n = std::min(32, nseg - 32 * b);
+                for (int j = 0; j < S; ++j)
+                    for (int l = 0; l < n; ++l)
+                        ASSERT_EQ(int4_chunk_slot((32 * b + l) * S + j, chunks, sshift), 32 * S * b + j * n + l);
+            }
+        }
+    }
+}
+
+TEST(Int4DeviceLayout, RepackThenUnpackIsTheIdentity) {
+    std::mt19937 rng(11);
+    struct Case { int rows, cols, group; };
+    for (Case cs : {Case{1, 32, 32}, Case{3, 96, 32}, Case{5, 128, 64}, Case{7, 384, 128}, Case{2, 11008, 128},
+                    Case{4, 4096, 4096}, Case{3, 4160, 64}, Case{6, 2048, 256}}) {
+        SCOPED_TRACE(::testing::Message() << cs.rows << "x" << cs.cols << " g" << cs.group);
+        std::vector<uint32_t> q(size_t(cs.rows) * cs.cols / 8);
+        for (uint32_t& w : q) w = rng();
+        std::vector<uint32_t> d = q;
+        int4_to_device_layout(d, cs.rows, cs.cols, cs.group);
+        const int chunks = cs.cols / 32, sshift = int4_segment_shift(cs.group);
+        for (int r = 0; r < cs.rows; ++r)  // chunk c of row r is at its slot, word for word
+            for (int c = 0; c < chunks; ++c)
+                for (int w = 0; w < 4; ++w)
+                    ASSERT_EQ(d[(size_t(r) * chunks + int4_chunk_slot(c, chunks, sshift)) * 4 + w],
+                              q[(size_t(r) * chunks + c) * 4 + w]);
+        const bool identity = sshift == 0 || chunks == (1 << sshift);  // group 32, or one segment per row
+        EXPECT_EQ(d == q, identity);
+        int4_from_device_layout(d, cs.rows, cs.cols, cs.group);
+        EXPECT_EQ(d, q);
+    }
+    std::vector<uint32_t> q(4 * 96 / 8);
+    EXPECT_THROW(int4_to_device_layout(q, 4, 96, 64), std::invalid_argument);   // 96 % 64
+    EXPECT_THROW(int4_to_device_layout(q, 5, 96, 32), std::invalid_argument);   // size
+    EXPECT_THROW(int4_from_device_layout(q, 4, 96, 48), std::invalid_argument); // group
 }
 
 TEST(Int4Layout, GroupRules) {

@@ -49,7 +49,7 @@ std::vector<std::string> g_json;
 
 void report(const std::string& what, double ms, double bytes) {
     const double gbps = bytes / (ms * 1e-3) / 1e9;
-    std::printf("%-48s %10.4f ms %9.1f GB/s  (%5.1f%% of 4200)\n", what.c_str(), ms, gbps, 100.0 * gbps / 4200.0);
+    std::printf("%-62s %10.4f ms %9.1f GB/s  (%5.1f%% of 4200)\n", what.c_str(), ms, gbps, 100.0 * gbps / 4200.0);
     char buf[256];
     std::snprintf(buf, sizeof buf, R"({"what": "%s", "ms": %.5f, "bytes": %.0f, "gbps": %.1f})", what.c_str(), ms, bytes,
                   gbps);
@@ -94,10 +94,14 @@ void bench_gemv() {
 }
 
 // The int4 GEMV (group 128) at the 7B shapes: bytes = packed codes + fp16 scales + uint8 zero points + x + y.
-// Also the prefill's dequantize-to-FP16 (bytes read + written).
+// Also the prefill's dequantize-to-FP16 (bytes read + written). Every variant is listed with its index (what
+// QUEST_INT4_GEMV takes); "gemv int4 g128" marks the one gemv_int4() runs.
 void bench_gemv_int4() {
     struct Shape { const char* name; int rows, cols; };
     const int group = 128;
+    const int chosen = gemv_int4_default_variant();
+    std::printf("gemv_int4 runs variant %d (%s); QUEST_INT4_GEMV=<index> picks another\n", chosen,
+                gemv_int4_variant_name(chosen));
     for (Shape s : {Shape{"qkv 12288x4096", 12288, 4096}, Shape{"o 4096x4096", 4096, 4096},
                     Shape{"gate|up 22016x4096", 22016, 4096}, Shape{"down 4096x11008", 4096, 11008}}) {
         const size_t words = size_t(s.rows) * s.cols / 8, groups = size_t(s.rows) * s.cols / group;
@@ -117,8 +121,8 @@ void bench_gemv_int4() {
         // decode graph: each one's weight loads start under the previous one's tail, programmatic dependent
         // launch), time per launch.
         for (int v = 0; v < gemv_int4_variant_count(); ++v) {
-            const std::string name = std::string(v == 0 ? "gemv int4 g128 [" : "  int4 variant [") +
-                                     gemv_int4_variant_name(v) + "] " + s.name;
+            const std::string name = std::string(v == chosen ? "gemv int4 g128 " : "  int4 variant ") +
+                                     std::to_string(v) + " [" + gemv_int4_variant_name(v) + "] " + s.name;
             const double tv = time_ms([&](int i) {
                 const int c = i % copies;
                 gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);

@@ -34,7 +34,8 @@ namespace {
 constexpr double kGemvTol = 3e-3;
 constexpr double kLogitTol = 2e-2;
 
-// An Int4Matrix on the device.
+// An Int4Matrix on the device, its codes repacked into the device layout (kernels/int4_layout.h) as the CUDA
+// backend does at upload.
 struct DeviceInt4 {
     DeviceBuffer<uint32_t> qweight;
     DeviceBuffer<__half> scales;
@@ -42,7 +43,9 @@ struct DeviceInt4 {
     Int4View view;
     explicit DeviceInt4(const Int4Matrix& m)
         : qweight(m.qweight.size()), scales(m.scales.size()), zeros(m.zeros.size()) {
-        qweight.upload(m.qweight);
+        std::vector<uint32_t> q = m.qweight;
+        int4_to_device_layout(q, m.rows, m.cols, m.group);
+        qweight.upload(q);
         CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size() * 2, cudaMemcpyHostToDevice));
         zeros.upload(m.zeros);
         view = {qweight.get(), scales.get(), zeros.get(), m.rows, m.cols, m.group};
@@ -137,10 +140,22 @@ TEST(CudaInt4, GemvAtOddSizes) {
                25);
 }
 
+// Segment boundaries of the device layout (kernels/int4_layout.h) for the seg / mma variants: one group of 128
+// columns per row (one segment, 31 idle lanes / 3 idle lanes of 4), three groups of 64, 33 segments (a second batch
+// of one segment), 65 segments of group 64 (S = 2), group 32 with several batches and a partial one (S = 1: 4
+// segments per lane in an item), rows that are not a multiple of the 16-row tiles of the mma variants.
+TEST(CudaInt4, GemvAtSegmentBoundaries) {
+    QUEST_REQUIRE_GPU();
+    check_gemv({{13, 128, 128}, {11, 192, 64}, {19, 4224, 128}, {21, 4160, 64}, {35, 4096, 32}, {40, 4096, 128},
+                {9, 11008, 32}, {50, 384, 128}, {300, 640, 32}},
+               27);
+}
+
 // The stream / async variants run a grid of at most 8-16 warps per SM that each take several tiles (R rows) in
 // turn, with the next tile's loads issued while the current one is multiplied; on a 132-SM H200 these shapes give
 // the warps two or more tiles each (rows / R > 132 * 16 for R = 2; R = 4 gets there with 9001 rows, and all
-// variants with 8 warps per SM with 5003), with a partial last tile and idle lanes in the last batch.
+// variants with 8 warps per SM with 5003), with a partial last tile and idle lanes in the last batch. The mma
+// variants' blocks (at most 3-4 per SM) take several 16-row tiles each, their rings running across tiles.
 TEST(CudaInt4, GemvWithManyTilesPerWarp) {
     QUEST_REQUIRE_GPU();
     check_gemv({{9001, 384, 128}, {5003, 640, 32}, {4403, 4096, 128}, {4501, 11008, 128}}, 26);
@@ -181,7 +196,7 @@ TEST(CudaInt4, DequantizeToHalfIsBitExact) {
     std::mt19937 g(23);
     struct Shape { int rows, cols, group; };
     for (Shape s : {Shape{4096, 4096, 128}, Shape{4096, 11008, 128}, Shape{37, 96, 32}, Shape{1, 32, 32},
-                    Shape{300, 512, 256}}) {
+                    Shape{300, 512, 256}, Shape{37, 4160, 64}, Shape{5, 11008, 32}, Shape{3, 4224, 128}}) {
         const auto W = random_floats(g, size_t(s.rows) * s.cols, 0.05f);
         const Int4Matrix m = quantize_int4(W.data(), s.rows, s.cols, s.group);
         const DeviceInt4 dW(m);
@@ -248,6 +263,21 @@ TEST(CudaInt4, GemvInsideAGraphAfterAProducerKernel) {
     cudaStreamDestroy(s);
 }
 
+// QUEST_INT4_GEMV: a decimal variant index, anything else falls back to the compiled default (the variable itself
+// is read once per process, so only the parser and the choice's validity are checked here).
+TEST(CudaInt4, VariantChoiceParsesIndicesOnly) {
+    const int n = gemv_int4_variant_count();
+    EXPECT_EQ(gemv_int4_parse_variant("0"), 0);
+    EXPECT_EQ(gemv_int4_parse_variant(std::to_string(n - 1).c_str()), n - 1);
+    for (const char* bad : {"", "-1", "1x", " 1", "stream", "99999999999999999999"})
+        EXPECT_EQ(gemv_int4_parse_variant(bad), -1) << bad;
+    EXPECT_EQ(gemv_int4_parse_variant(std::to_string(n).c_str()), -1);
+    EXPECT_EQ(gemv_int4_parse_variant(nullptr), -1);
+    const int v = gemv_int4_default_variant();
+    EXPECT_GE(v, 0);
+    EXPECT_LT(v, n);
+}
+
 TEST(CudaInt4, RejectsBadArguments) {
     QUEST_REQUIRE_GPU();
     DeviceBuffer<uint32_t> q(4096);
@@ -284,6 +314,7 @@ TEST(CudaInt4, RandomWeightsStayInRange) {
     m.cols = cols;
     m.group = group;
     m.qweight = q.download();
+    int4_from_device_layout(m.qweight, rows, cols, group);  // (uniform codes: any layout; read it as the kernels do)
     m.zeros = z.download();
     const auto s = sc.download();
     for (const __half& h : s) m.scales.push_back(__half_raw(h).x);

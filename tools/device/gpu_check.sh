@@ -1,6 +1,8 @@
 #!/bin/bash
 # One call on the GPU machine (the device tool), from the repository root, with .device-bin and .device-deps carried
-# (tools/device/stage.sh prepares them). Stages (default: all): tests sanitizer kernels bench fixtures.
+# (tools/device/stage.sh prepares them). Stages (default: all): tests sanitizer kernels bench fixtures; others on
+# request: int4, int4v (the int4 decode step once per GEMV variant: INT4_VARIANTS="0 17 25 ...", indices as
+# `quest_kernel_bench gemv4` lists them), profile, hf, quest, eval.
 # Logs and JSON go to $OUT; a short table is printed last.
 set -u
 OUT=${OUT:-/tmp/quest-out}
@@ -51,9 +53,18 @@ for s in $stages; do
         --contexts 4096,32768 --budgets full,2048 --steps 64 --warmup 8 --page-size 16 --json "$OUT/bench-int4.json" \
         > "$OUT/bench-int4.log" 2>&1
       timeout 200 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
-        --gtest_filter='CudaInt4.GemvAtOddSizes:CudaInt4.GemvWithManyTilesPerWarp:CudaInt4.DequantizeToHalfIsBitExact:CudaInt4.GemvInsideAGraph*:*CudaInt4Parity*/1:CudaInt4Model.AwqFixture*' \
+        --gtest_filter='CudaInt4.GemvAtOddSizes:CudaInt4.GemvAtSegmentBoundaries:CudaInt4.GemvWithManyTilesPerWarp:CudaInt4.DequantizeToHalfIsBitExact:CudaInt4.GemvInsideAGraph*:*CudaInt4Parity*/1:CudaInt4Model.AwqFixture*' \
         > "$OUT/memcheck-int4.log" 2>&1
       summary+=("int4 memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-int4.log" | tail -1)")
+      ;;
+    int4v)
+      # whole decode steps with each candidate GEMV (QUEST_INT4_GEMV is read once per process)
+      for v in ${INT4_VARIANTS:-0 17 18 25 26}; do
+        QUEST_INT4_GEMV=$v "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights int4 \
+          --contexts 4096,32768 --budgets full,2048 --steps 64 --warmup 8 --page-size 16 \
+          --json "$OUT/bench-int4-v$v.json" > "$OUT/bench-int4-v$v.log" 2>&1
+        summary+=("bench int4 variant $v: rc=$?")
+      done
       ;;
     profile)
       # where the step's time goes (eager launches with events), and what the CUDA graph saves
@@ -99,6 +110,7 @@ for l in "${summary[@]}"; do echo "$l"; done
 [ -f "$OUT/bench.log" ] && grep -E "^(backend|cuda)" "$OUT/bench.log"
 [ -f "$OUT/kernels-int4.log" ] && grep -E "int4|own" "$OUT/kernels-int4.log" | head -40
 [ -f "$OUT/bench-int4.log" ] && grep -E "^(backend|cuda)" "$OUT/bench-int4.log"
+for f in "$OUT"/bench-int4-v*.log; do [ -f "$f" ] && { echo "$f"; grep -E "decode GEMV|^(backend|cuda)" "$f"; }; done
 [ -f "$OUT/bench-fused.log" ] && { echo "fused:"; grep -E "^(backend|cuda)" "$OUT/bench-fused.log"; }
 [ -f "$OUT/kernels-quest.log" ] && grep -iE "fused|layer" "$OUT/kernels-quest.log" | head -40
 [ -f "$OUT/nograph.log" ] && grep -E "^(backend|cuda)" "$OUT/nograph.log"
