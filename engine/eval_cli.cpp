@@ -90,7 +90,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--shortlist", flags->shortlist, "two-level: pages shortlisted per selected page (default 4)");
         a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
         a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");
-        a->add_flag("--match-bytes", flags->match_bytes, "two-level: as many sub-pages as fit in Quest's bytes per step");
+        a->add_flag("--match-bytes", flags->match_bytes,
+                    "quest, two-level: as many pages (sub-pages) as fit in fp16 Quest's bytes per step");
         a->add_flag("--diagnostics", flags->diagnostics,
                     "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
         a->add_option("--json", flags->json, "write the rows as JSON");
