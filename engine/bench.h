@@ -48,8 +48,9 @@ struct BenchRow {
 };
 
 // The bytes model for the quest selector without running it: what one decode step over `len` tokens reads in every
-// layer (the dense layers' KV; in a Quest layer the metadata of the complete pages and the KV of K pages, or every
-// token when P <= K). Returns {attention bytes, metadata bytes}.
+// layer (the dense layers' KV; in a Quest layer the metadata of the complete pages in q.metadata's format and the KV
+// of K pages (bytes-matched: quest_matched_pages + 1), or every token when P <= K). Returns {attention bytes,
+// metadata bytes}.
 std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const QuestSettings& q, int len);
 
 std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress);

@@ -68,14 +68,15 @@ struct ModelFlags {
         app.add_option("--selector", selector, "page selector: quest (default), streaming (first + recent pages), "
                                                "oracle (true attention mass; evaluation only, CPU), two-level "
                                                "(coarse shortlist re-ranked by sub-page bounds; CPU)");
-        app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default), int8 or int4 (CPU)");
+        app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default), int8 or int4 (cuda: the quest selector)");
         app.add_option("--shortlist", shortlist, "two-level: pages shortlisted per selected page (default 4)");
         app.add_option("--sub-page", sub_page, "two-level: tokens per sub-page (default 4)");
         app.add_option("--mass-target", mass_target,
                        "adaptive budget: the fewest pages (at most B/S) whose estimated softmax share reaches this "
                        "(e.g. 0.95; 0 = off; CPU)");
         app.add_flag("--match-bytes", match_bytes,
-                     "two-level: read as many sub-pages as fit in Quest's bytes per step (not B tokens; CPU)");
+                     "quest, two-level: read as many pages (sub-pages) as fit in fp16 Quest's bytes per step, not B "
+                     "tokens (cuda: the quest selector)");
         app.add_option("--reuse-cos", reuse_cos,
                        "quest: keep a layer's last page selection while the page count is unchanged and every query "
                        "head's cosine to its query at that selection is >= this (0 = off, -1 = always; CPU)");

@@ -93,7 +93,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
         a->add_option("--shortlist", flags->shortlist, "two-level: pages shortlisted per selected page (default 4)");
         a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
         a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");
-        a->add_flag("--match-bytes", flags->match_bytes, "two-level: as many sub-pages as fit in Quest's bytes per step");
+        a->add_flag("--match-bytes", flags->match_bytes,
+                    "quest, two-level: as many pages (sub-pages) as fit in fp16 Quest's bytes per step");
         a->add_option("--reuse-cos", flags->reuse_cos,
                       "quest: keep the last selection while the page is the same and the query's cosine to it >= this");
         a->add_flag("--diagnostics", flags->diagnostics,

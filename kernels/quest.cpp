@@ -1,6 +1,7 @@
 #include "kernels/quest.h"
 
 #include "kernels/attention.h"
+#include "kernels/page_codes.h"
 
 #include <algorithm>
 #include <cmath>
@@ -107,36 +108,26 @@ Int8Page quantize_page_int8_ref(const float* kmin, const float* kmax, int head_d
 }
 
 Int8Page quantize_page_codes_ref(const float* kmin, const float* kmax, int head_dim, MetadataFormat f) {
-    const int qmax = f == MetadataFormat::Int4 ? 7 : 127, qmin = -qmax - 1;
-    const float fq = static_cast<float>(qmax);
+    // The rule lives in kernels/page_codes.h, shared with the GPU quantizer (bit-identical codes and scales).
+    const int qmax = codes::code_max(f == MetadataFormat::Int4);
     Int8Page p;
     p.cmin.assign(head_dim, 0);
     p.cmax.assign(head_dim, 0);
     float amax = 0.0f;
     for (int i = 0; i < head_dim; ++i) amax = std::max({amax, std::abs(kmin[i]), std::abs(kmax[i])});
-    if (amax == 0.0f) return p;  // every key 0: codes 0, scale 0 decode exactly
-    float scale = amax / fq;
-    while (fq * scale < amax) scale = std::nextafter(scale, INFINITY);
-    p.scale = scale;
+    p.scale = codes::code_scale(amax, qmax);  // 0 for an all-zero page: codes 0 decode exactly
     for (int i = 0; i < head_dim; ++i) {
-        int lo = static_cast<int>(std::floor(kmin[i] / scale));
-        int hi = static_cast<int>(std::ceil(kmax[i] / scale));
-        lo = std::clamp(lo, qmin, qmax);
-        hi = std::clamp(hi, qmin, qmax);
-        // fp32 division can land one code on the wrong side: step outward until the decoded value encloses.
-        while (lo > qmin && static_cast<float>(lo) * scale > kmin[i]) --lo;
-        while (hi < qmax && static_cast<float>(hi) * scale < kmax[i]) ++hi;
-        p.cmin[i] = static_cast<int8_t>(lo);
-        p.cmax[i] = static_cast<int8_t>(hi);
+        p.cmin[i] = static_cast<int8_t>(codes::code_floor(kmin[i], p.scale, qmax));
+        p.cmax[i] = static_cast<int8_t>(codes::code_ceil(kmax[i], p.scale, qmax));
     }
     return p;
 }
 
 float page_score_int8_ref(const float* q, const Int8Page& p) {
+    // Channel order from +0, then the scale (codes::code_term; the GPU kernel reproduces these bits for fp16 q).
     float u = 0.0f;
-    for (size_t i = 0; i < p.cmin.size(); ++i)
-        u += std::max(q[i] * (static_cast<float>(p.cmin[i]) * p.scale), q[i] * (static_cast<float>(p.cmax[i]) * p.scale));
-    return u;
+    for (size_t i = 0; i < p.cmin.size(); ++i) u += codes::code_term(q[i], p.cmin[i], p.cmax[i]);
+    return u * p.scale;
 }
 
 float sub_page_decode_u8(uint8_t code, float lo, float hi) {
@@ -324,16 +315,22 @@ std::vector<int> choose(const QuestSelectArgs& a, const std::vector<float>& row_
 }  // namespace
 
 int quest_matched_pages(const QuestSelectArgs& a) {
+    // The formula lives in kernels/page_codes.h, shared with the GPU's device-side page count.
     const int P = num_pages_of(a), last = P - 1, S = a.page_size;
     const int group = a.num_heads / a.num_kv_heads;
     const int64_t rows = a.policy == GqaPolicy::PerHead ? group : 1;
-    const int64_t kv_token = 4ll * a.head_dim, last_tokens = a.len - static_cast<int64_t>(last) * S;
-    const int64_t quest = static_cast<int64_t>(last) * page_metadata_bytes(MetadataFormat::Fp16, a.head_dim) +
-                          rows * (static_cast<int64_t>(a.page_budget - 1) * S + last_tokens) * kv_token;
-    const int64_t ours = static_cast<int64_t>(a.mass_target > 0.0f ? P : last) * page_metadata_bytes(a.metadata, a.head_dim) +
-                         rows * last_tokens * kv_token;
-    const int64_t n = quest <= ours ? 0 : (quest - ours) / rows / (static_cast<int64_t>(S) * kv_token);
-    return static_cast<int>(std::min<int64_t>(n, last));
+    const int64_t last_tokens = a.len - static_cast<int64_t>(last) * S;
+    return static_cast<int>(codes::matched_pages(last, last_tokens, S, a.page_budget, a.head_dim,
+                                                 page_metadata_bytes(a.metadata, a.head_dim),
+                                                 a.mass_target > 0.0f ? P : last, rows));
+}
+
+codes::MatchedBudget matched_budget(MetadataFormat f, int head_dim, int num_heads, int num_kv_heads, GqaPolicy policy) {
+    codes::MatchedBudget m;
+    m.meta_bytes = static_cast<int>(page_metadata_bytes(f, head_dim));
+    m.head_dim = head_dim;
+    m.rows = policy == GqaPolicy::PerHead && num_kv_heads > 0 ? num_heads / num_kv_heads : 1;
+    return m;
 }
 
 void quest_policy_ref(const QuestSelectArgs& a, Selection& out) {

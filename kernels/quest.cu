@@ -328,7 +328,8 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
                                                              const float* __restrict__ scores, int score_stride,
                                                              const int* __restrict__ d_pos, int page_size_log2,
-                                                             int page_budget, int cache) {
+                                                             int page_budget, int cache, int select_stride,
+                                                             MatchedBudget match) {
     extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
     __shared__ int s_hist[kTopkBins];
     __shared__ int s_warp[32];
@@ -337,20 +338,26 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
 
     pdl_wait();
     const int tid = threadIdx.x;
-    int* out = selected + static_cast<size_t>(blockIdx.x) * page_budget;
+    int* out = selected + static_cast<size_t>(blockIdx.x) * select_stride;
     const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
     const int len = *d_pos + 1;
     if (len < 1) return;
     const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
     if (P <= page_budget) {  // dense step: every page
+        if (P > select_stride) return;
         for (int i = tid; i < P; i += kTopkThreads) out[i] = i;
         return;
     }
-    const int n = P - 1;            // candidates
-    const int k = page_budget - 1;  // to select among them (k < n)
-    if (n > score_stride) return;   // outside the scores' capacity: write nothing
+    const int n = P - 1;  // candidates
+    // Pages to select among them: K - 1 (k < n), or with a matched budget the matched count (k <= n).
+    const int k = codes::step_pages(len, 1 << page_size_log2, page_budget, match) - 1;
+    if (n > score_stride || k + 1 > select_stride) return;  // outside the workspace's capacity: write nothing
     if (tid == 0) out[k] = P - 1;
     if (k == 0) return;
+    if (k >= n) {  // every candidate
+        for (int i = tid; i < n; i += kTopkThreads) out[i] = i;
+        return;
+    }
     const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, &s_digit, &s_above};
     topk_select_row<kTopkThreads>(out, in, n, k, sm);
 }
@@ -629,8 +636,8 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     __half* __restrict__ out, float* __restrict__ part_o, float* __restrict__ part_ml, int* __restrict__ counters,
     const __half* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
     const int* __restrict__ selected, const int* __restrict__ d_pos, int num_heads, int num_kv_heads, int capacity,
-    int max_pages, int page_size_log2, int page_budget, int pages_per_split, int max_splits, int per_head,
-    float scale_log2) {
+    int max_pages, int page_size_log2, int page_budget, int select_stride, MatchedBudget match, int pages_per_split,
+    int max_splits, int per_head, float scale_log2) {
     using C = AttnCfg<D, HB>;
     constexpr int LPT = C::LPT, TPW = C::TPW, TPB = C::TPB, U = C::U;
     __shared__ __align__(16) float s_o[kAttnWarps][HB][D];
@@ -643,7 +650,8 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     pdl_wait();
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
-    const int n_sel = min(P, page_budget);
+    // Pages of the row at this length: min(P, K), or the matched count (<= select_stride by the workspace's sizing).
+    const int n_sel = min(codes::step_pages(len, 1 << page_size_log2, page_budget, match), select_stride);
     const int ns = (n_sel + pages_per_split - 1) / pages_per_split;  // valid splits
     const int split = blockIdx.x;
     const int j0 = split * pages_per_split;
@@ -668,7 +676,7 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     const int grp = lane / LPT, c = lane % LPT;  // token within the warp row, 16-byte piece within the token
     const int S = 1 << page_size_log2;
 
-    const int* sel = selected + static_cast<size_t>(row) * page_budget + j0;
+    const int* sel = selected + static_cast<size_t>(row) * select_stride + j0;
     for (int i = tid; i < np; i += kAttnThreads) s_pages[i] = sel[i];
     // This lane's 8 channels of every head's query, in log2 units.
     float qr[HB][8];
@@ -995,6 +1003,8 @@ struct AttnArgs {
     const QuestWorkspace* ws;
     int pages_per_split;
     int max_splits;
+    int select_stride;
+    MatchedBudget match;
     cudaStream_t stream;
 };
 
@@ -1007,8 +1017,8 @@ void launch_attention(const AttnArgs& a) {
     const dim3 grid(a.max_splits, slabs);
     launch_pdl(sparse_attention_kernel<D, HB>, grid, dim3(kAttnThreads), 0, a.stream, a.out, a.ws->partial_o,
                a.ws->partial_ml, a.ws->counters, a.q, kv.k, kv.v, a.selected, a.d_pos, a.num_heads, kv.num_kv_heads,
-               kv.capacity, kv.max_pages, log2_exact(kv.page_size), a.page_budget, a.pages_per_split, a.max_splits,
-               static_cast<int>(per_head), a.scale * 1.4426950408889634f);
+               kv.capacity, kv.max_pages, log2_exact(kv.page_size), a.page_budget, a.select_stride, a.match,
+               a.pages_per_split, a.max_splits, static_cast<int>(per_head), a.scale * 1.4426950408889634f);
 }
 
 template <int D>
@@ -1028,8 +1038,17 @@ int quest_selection_rows(int num_heads, int num_kv_heads, GqaPolicy policy) {
     return policy == GqaPolicy::PerHead ? num_heads : num_kv_heads;
 }
 
+int quest_select_capacity(int max_pages, int page_size, int page_budget, const MatchedBudget& match) {
+    if (!match.on()) return page_budget;
+    QUEST_REQUIRE(match.head_dim >= 1 && match.rows >= 1 && match.meta_bytes <= 4 * match.head_dim,
+                  "matched budget: head_dim and rows >= 1, metadata no larger than fp16's");
+    QUEST_REQUIRE(static_cast<long long>(max_pages) * page_size < (1ll << 31), "capacity beyond 2^31 tokens");
+    return std::max(page_budget, codes::max_step_pages(max_pages, page_size, page_budget, match));
+}
+
 QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int head_dim, int page_size,
-                                          int max_pages, int page_budget, GqaPolicy policy, int pages_per_split) {
+                                          int max_pages, int page_budget, GqaPolicy policy, int pages_per_split,
+                                          const MatchedBudget& match) {
     QUEST_REQUIRE(num_kv_heads >= 1 && num_heads >= 1 && num_heads % num_kv_heads == 0,
                   "num_heads must be a positive multiple of num_kv_heads");
     QUEST_REQUIRE(head_dim_supported(head_dim), "head_dim must be one of 8, 16, 32, 64, 128, 256");
@@ -1039,17 +1058,18 @@ QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int h
     QUEST_REQUIRE(pages_per_split >= 0 && pages_per_split <= kMaxPagesPerSplit, "pages_per_split in [0, 128]");
     QuestWorkspaceSizes s;
     s.rows = quest_selection_rows(num_heads, num_kv_heads, policy);
+    s.select_stride = quest_select_capacity(max_pages, page_size, page_budget, match);
     int pps = pages_per_split;
     if (pps == 0) {
         // About 128 tokens per attention block (measured on an H200 at 32K tokens, B = 2048, S = 16: 8 pages per
         // block beat 2 and 4 for MHA and GQA; fewer pages per block mean more blocks to merge).
         pps = std::max(1, 128 / page_size);
     }
-    pps = std::min(pps, page_budget);
+    pps = std::min(pps, s.select_stride);
     s.pages_per_split = pps;
-    s.max_splits = ceil_div(page_budget, pps);
+    s.max_splits = ceil_div(s.select_stride, pps);
     s.scores = static_cast<size_t>(s.rows) * max_pages;
-    s.selected = static_cast<size_t>(s.rows) * page_budget;
+    s.selected = static_cast<size_t>(s.rows) * s.select_stride;
     s.topk_scratch = 0;
     s.partial_o = static_cast<size_t>(num_heads) * s.max_splits * head_dim;
     s.partial_ml = static_cast<size_t>(num_heads) * s.max_splits * 2;
@@ -1077,9 +1097,13 @@ void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const _
 }
 
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
-                 int page_budget, cudaStream_t stream) {
+                 int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride) {
     QUEST_REQUIRE(selected && scores && d_pos, "null pointer");
     QUEST_REQUIRE(rows >= 1 && score_stride >= 1 && page_budget >= 1, "rows, score_stride, page_budget >= 1");
+    if (select_stride == 0) select_stride = page_budget;
+    QUEST_REQUIRE(select_stride >= page_budget, "select_stride must be >= page_budget");
+    QUEST_REQUIRE(!match.on() || (match.head_dim >= 1 && match.rows >= 1 && match.meta_bytes <= 4 * match.head_dim),
+                  "matched budget: head_dim and rows >= 1, metadata no larger than fp16's");
     QUEST_REQUIRE(page_size >= 1 && page_size <= 256 && (page_size & (page_size - 1)) == 0,
                   "page_size must be a power of two in [1, 256]");
     const bool cache = score_stride <= kTopkCacheMax;
@@ -1087,21 +1111,21 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
     if (smem > 32 * 1024)  // opt in beyond the default 48 KB (static + dynamic); not a stream operation
         CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     launch_pdl(top_k_kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
-               score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache));
+               score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache), select_stride, match);
 }
 
 void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
                              const int* selected, int num_heads, int page_budget, GqaPolicy policy, float scale,
-                             const QuestWorkspace& ws, cudaStream_t stream) {
+                             const QuestWorkspace& ws, cudaStream_t stream, const MatchedBudget& match) {
     require_kv(kv, num_heads, page_budget);
     QUEST_REQUIRE(out && q && kv.k && kv.v && d_pos && selected && ws.partial_o && ws.partial_ml && ws.counters,
                   "null pointer");
     QUEST_REQUIRE(is_aligned(kv.k, 16) && is_aligned(kv.v, 16) && is_aligned(q, 16),
                   "K/V cache and q must be 16-byte aligned");
     const QuestWorkspaceSizes sz = quest_workspace_sizes(num_heads, kv.num_kv_heads, kv.head_dim, kv.page_size,
-                                                         kv.max_pages, page_budget, policy, ws.pages_per_split);
-    AttnArgs a{out,   q,  &kv, d_pos, selected, num_heads, page_budget, policy,
-               scale, &ws, sz.pages_per_split, sz.max_splits, stream};
+                                                         kv.max_pages, page_budget, policy, ws.pages_per_split, match);
+    AttnArgs a{out,   q,   &kv,          d_pos,           selected,         num_heads, page_budget, policy,
+               scale, &ws, sz.pages_per_split, sz.max_splits, sz.select_stride, match,      stream};
     switch (kv.head_dim) {
         case 8: return launch_attention_d<8>(a);
         case 16: return launch_attention_d<16>(a);
@@ -1117,14 +1141,22 @@ void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int
                   const QuestDecodeOptions& opts) {
     const int rows = quest_selection_rows(num_heads, kv.num_kv_heads, policy);
     QUEST_REQUIRE(ws.scores && ws.selected && ws.counters, "null pointer");
+    QUEST_REQUIRE(!opts.fused || (!opts.codes && !opts.match.on()),
+                  "the fused scoring + top-k reads fp16 metadata and K pages only (no codes, no matched budget)");
     if (opts.fused) {
         quest_page_scores_top_k(ws.selected, ws.scores, ws.counters + num_heads, q, kv, d_pos, num_heads, page_budget,
                                 policy, stream);
     } else {
-        quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
-        quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream);
+        if (opts.codes)
+            quest_code_scores(ws.scores, q, kv, *opts.codes, d_pos, num_heads, page_budget, policy, stream);
+        else
+            quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+        const int stride = quest_select_capacity(kv.max_pages, kv.page_size, page_budget, opts.match);
+        quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, opts.match,
+                    stride);
     }
-    attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream);
+    attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream,
+                            opts.match);
 }
 
 }  // namespace quest

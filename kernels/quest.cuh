@@ -20,6 +20,7 @@
 #include <cstddef>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/page_codes.cuh"
 #include "kernels/quest.h"
 #include "kernels/rope.cuh"
 
@@ -27,6 +28,14 @@ namespace quest {
 
 // Selection rows of a policy: num_kv_heads for KvMax/KvSum (one page set per KV head), num_heads for PerHead.
 int quest_selection_rows(int num_heads, int num_kv_heads, GqaPolicy policy);
+
+// Bytes-matched budgets (QuestSettings::match_bytes; kernels/page_codes.h): with match.on(), a selecting step
+// (P > K) selects codes::step_pages(len, S, K, match) pages per row (quest_matched_pages + 1, the last page
+// included), computed on the device from the position; without it, K. A setting's budget: matched_budget
+// (kernels/quest.h).
+// Entries per row of `selected` (its row stride) and the most pages the attention kernel is sized for: page_budget,
+// or with a matched budget the largest step_pages up to the capacity (max_pages pages), if larger.
+int quest_select_capacity(int max_pages, int page_size, int page_budget, const MatchedBudget& match);
 
 // Workspace of one layer's Quest decode, in elements. Depends on shapes and capacity only (not on the length).
 struct QuestWorkspaceSizes {
@@ -41,13 +50,17 @@ struct QuestWorkspaceSizes {
     size_t counters = 0;      // ints:   [num_heads + num_kv_heads]: the attention merge's [num_heads], then the fused
                               //         scoring's per-KV-head tickets; ZEROED ONCE after allocation, every launch
                               //         leaves them zero
+    int select_stride = 0;    // entries per row of `selected`: quest_select_capacity (page_budget without a matched
+                              // budget)
     size_t bytes() const { return 4 * (scores + selected + partial_o + partial_ml + counters) + topk_scratch; }
 };
 // page_size S: a power of two in [1, 256]; max_pages: pages per KV head (KvLayerView::max_pages); page_budget K >= 1.
 // pages_per_split: 0 picks the default (about 128 tokens per attention block, fewer when the grid would be small);
 // a value in [1, 128] forces it (tuning, tests). Pass the same value in QuestWorkspace::pages_per_split.
+// match: a bytes-matched budget (selected: [rows][select_stride], the attention splits sized for select_stride pages).
 QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int head_dim, int page_size,
-                                          int max_pages, int page_budget, GqaPolicy policy, int pages_per_split = 0);
+                                          int max_pages, int page_budget, GqaPolicy policy, int pages_per_split = 0,
+                                          const MatchedBudget& match = {});
 
 // Device buffers sized by quest_workspace_sizes (allocated once, outside the decode loop; cudaMalloc alignment).
 // `counters` must be zeroed once (cudaMemset) before the first launch; the kernels leave them zero.
@@ -72,8 +85,11 @@ void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, co
 // selected[r][0 .. K-1) = the top-(K-1) candidates among scores[r][0 .. P-1) by score (ties: lower page id) in
 // ascending page order, and selected[r][K-1] = P - 1. Only the first min(P, K) entries of a row are written (the
 // count is min(P, K), derivable from len). Exact: a radix select on order-preserving keys (-0 counts as +0).
+// With a matched budget (match.on()): a selecting step takes the top (n - 1) candidates, n = codes::step_pages (every
+// candidate when n - 1 >= P - 1), written as above with selected[r][n - 1] = P - 1; row stride select_stride (0:
+// page_budget); a count beyond select_stride writes nothing.
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
-                 int page_budget, cudaStream_t stream);
+                 int page_budget, cudaStream_t stream, const MatchedBudget& match = {}, int select_stride = 0);
 
 // Steps 1 and 2 in one launch (the path quest_decode takes by default): quest_page_scores, and in the same grid the
 // selection of quest_top_k with score_stride = kv.max_pages, written to selected with the same contents (identical
@@ -93,10 +109,11 @@ void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const _
 // row(h) = h / G for KvMax/KvSum, h for PerHead). For KvMax/KvSum one block reads a page once for up to 8 query
 // heads of its group; for PerHead each query head reads its own pages. Uses ws.partial_o, ws.partial_ml,
 // ws.counters and ws.pages_per_split (one launch: the split partials are merged by the last block of each head
-// group).
+// group). With a matched budget the rows hold codes::step_pages entries (row stride quest_select_capacity, as
+// quest_top_k writes them with the same match); the grid is sized for the capacity, the count read from the device.
 void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
                              const int* selected, int num_heads, int page_budget, GqaPolicy policy, float scale,
-                             const QuestWorkspace& ws, cudaStream_t stream);
+                             const QuestWorkspace& ws, cudaStream_t stream, const MatchedBudget& match = {});
 
 // How quest_decode launches its steps (benchmarks and tests compare the paths; the results are the same).
 struct QuestDecodeOptions {
@@ -104,6 +121,11 @@ struct QuestDecodeOptions {
     // the H200 (docs/measurements.md, 2026-11-29): the fused path is slower at 32K (41 vs 31 us per layer at
     // B = 2048): the last block of each KV head runs the select on 128 threads after the scoring, a serial tail.
     bool fused = false;
+    // Non-null: score from these int8 / int4 page codes (quest_code_scores, kernels/page_codes.cuh; it also writes
+    // the codes of the page the current token completes) instead of kv.kmin / kv.kmax. Not with `fused`.
+    const PageCodesView* codes = nullptr;
+    // A bytes-matched budget (quest_matched_budget; the workspace sized with the same). Not with `fused`.
+    MatchedBudget match;
 };
 
 // Steps 1-3 for one layer (graph-capturable). scale: usually 1/sqrt(head_dim).

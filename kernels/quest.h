@@ -17,6 +17,8 @@
 #endif
 #include <vector>
 
+#include "kernels/page_codes.h"
+
 namespace quest {
 
 // How one page set is chosen for the query heads that share a KV head (grouped-query attention).
@@ -156,7 +158,9 @@ Int8Page quantize_page_int8_ref(const float* kmin, const float* kmax, int head_d
 // The same rule for a metadata format's code range: int8 [-128, 127] with 127 * scale >= max, int4 [-8, 7] with
 // 7 * scale >= max (the codes are held in int8 either way). Fp16 is not a code format (use the exact values).
 Int8Page quantize_page_codes_ref(const float* kmin, const float* kmax, int head_dim, MetadataFormat f);
-// U8(p, q) = scale * sum_i max(q_i * cmin_i, q_i * cmax_i) >= U(p, q) (up to fp32 rounding).
+// U8(p, q) = scale * sum_i max(q_i * cmin_i, q_i * cmax_i) >= U(p, q) (up to fp32 rounding): the sum in fp32 in
+// channel order, then one multiplication by the scale (kernels/page_codes.h, code_term; the GPU's scores are these
+// bits for its fp16 q). The codes and scale rule (quantize_page_codes_ref) is shared with the GPU the same way.
 float page_score_int8_ref(const float* q, const Int8Page& p);
 
 // Uint8 sub-page bounds inside the page's range [lo_i, hi_i] per channel: step_i = (hi_i - lo_i) / 255; code c
@@ -195,6 +199,10 @@ void quest_policy_ref(const QuestSelectArgs& a, Selection& out);
 // fp16 Quest reads at this step, min(P-1, floor((quest - meta - rows * last * kv) / rows / (S * kv))) with quest,
 // rows and kv as in two_level_budget and meta = the scored pages' metadata in a.metadata.
 int quest_matched_pages(const QuestSelectArgs& a);
+// The same count as a device-side description (kernels/page_codes.h: codes::step_pages(len, S, K, m) - 1 equals
+// quest_matched_pages for these settings without mass_target; the GPU computes it from the position): the metadata
+// format's page bytes, head_dim, and the selection rows sharing a KV head's metadata (the group for PerHead, else 1).
+codes::MatchedBudget matched_budget(MetadataFormat f, int head_dim, int num_heads, int num_kv_heads, GqaPolicy policy);
 // Streaming: the first page and the K-2 most recent complete pages (query-independent). block_size = S.
 void streaming_policy_ref(const QuestSelectArgs& a, Selection& out);
 // Oracle: the top-(K-1) complete pages by the GQA-aggregated true softmax mass. block_size = S.

@@ -11,6 +11,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/quant.h"
+#include "kernels/page_codes.cuh"
 #include "kernels/page_select.cuh"
 #include "kernels/quest.cuh"
 #include "model/error.h"
@@ -49,6 +50,22 @@ size_t weight_bytes(const ModelConfig& c, const LinearGroups& g) {
         total += 2 * align_up(H * 4);
     }
     return total + align_up(V * H * 2) * (c.tie_word_embeddings ? 1 : 2) + align_up(H * 4);
+}
+
+// True when the Quest layers score int8 / int4 page codes (kernels/page_codes.cuh) instead of the fp16 metadata.
+bool uses_page_codes(const QuestSettings& q) {
+    return !q.full_attention && q.selector == PageSelector::Quest && q.metadata != MetadataFormat::Fp16;
+}
+
+// Layers that run Quest selection (and keep page codes when uses_page_codes).
+int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {
+    return q.full_attention ? 0 : std::max(0, c.num_layers - q.dense_layers);
+}
+
+// The device-side bytes-matched budget of the settings (off unless the quest selector with match_bytes).
+MatchedBudget settings_match(const ModelConfig& c, const QuestSettings& q) {
+    if (q.full_attention || q.selector != PageSelector::Quest || !q.match_bytes) return {};
+    return matched_budget(q.metadata, c.head_dim, c.num_heads, c.num_kv_heads, q.gqa_policy);
 }
 
 // Elements of the largest int4 matrix (the prefill's FP16 dequantization scratch); 0 without int4.
@@ -91,6 +108,10 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
     p.weights = weight_bytes(c, g);
     p.kv_cache = L * 2 * kv * 2 * tokens;
     p.metadata = L * 2 * c.num_kv_heads * pages * D * 2;
+    if (uses_page_codes(q))
+        p.metadata += static_cast<size_t>(quest_layer_count(c, q)) *
+                      (page_codes_bytes(q.metadata, c.num_kv_heads, c.head_dim, static_cast<int>(pages)) +
+                       page_code_scales_bytes(c.num_kv_heads, static_cast<int>(pages)));
     const size_t C = std::max(1, std::min(o.prefill_chunk, capacity));
     const size_t H = c.hidden_size, F = c.intermediate_size, V = c.vocab_size, qd = c.q_dim();
     const size_t act = C * (H * 4 /*x*/ + (qd + 2 * kv) * 4 /*qkv*/ + H * 4 /*proj*/ + 2 * F * 4 /*gu*/ +
@@ -101,7 +122,8 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
     const size_t quest_ws = q.full_attention ? 0
                                              : quest_workspace_sizes(c.num_heads, c.num_kv_heads, c.head_dim,
                                                                      q.page_size, static_cast<int>(pages),
-                                                                     q.page_budget(), q.gqa_policy)
+                                                                     q.page_budget(), q.gqa_policy, 0,
+                                                                     settings_match(c, q))
                                                    .bytes();
     p.workspace = act + split_ws + quest_ws + V * 4 + largest_int4(c, g) * 2 /* prefill dequantization */ +
                   (64 << 20) /* cuBLAS and slack */;
@@ -117,15 +139,22 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
         throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
                          "': the CUDA backend runs the quest and streaming selectors (oracle and two-level run on "
                          "--backend cpu)");
-    if (!quest_.full_attention && quest_.metadata != MetadataFormat::Fp16)
-        throw InputError("metadata '" + std::string(metadata_format_name(quest_.metadata)) +
-                         "': the CUDA backend keeps FP16 page metadata only (int8 and int4 bounds run on --backend cpu)");
     if (!quest_.full_attention && quest_.mass_target > 0)
-        throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads K pages)");
+        throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads a page "
+                         "count fixed by the position)");
     if (!quest_.full_attention && quest_.reuse_cos != 0)
         throw InputError("reuse_cos: selection reuse runs on --backend cpu only (the CUDA backend selects every step)");
-    if (!quest_.full_attention && quest_.match_bytes)
-        throw InputError("match_bytes: bytes-matched budgets run on --backend cpu only (the CUDA backend reads K pages)");
+    // (match_bytes with a selector other than quest / two-level is refused by validate(); two-level above.)
+    if (uses_page_codes(quest_) &&
+        (c.head_dim < 8 || c.head_dim > 256 || (c.head_dim & (c.head_dim - 1)) != 0 ||
+         (quest_.metadata == MetadataFormat::Int4 && c.head_dim < 16)))
+        throw InputError("metadata '" + std::string(metadata_format_name(quest_.metadata)) +
+                         "': the CUDA page codes need head_dim a power of two in [8, 256] (int4: >= 16), got " +
+                         std::to_string(c.head_dim));
+    if (o.quest_fused && (uses_page_codes(quest_) || settings_match(c, quest_).on()))
+        throw InputError("--quest-fused: the fused scoring + top-k reads fp16 metadata and K pages; it does not run "
+                         "with --metadata int8|int4 or --match-bytes");
+    match_ = settings_match(c, quest_);
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
     if (capacity < 1) throw InputError("context capacity must be >= 1");
@@ -234,6 +263,15 @@ void CudaLlama::allocate() {
     kmin_ = DeviceBuffer<__half>(meta_elems);
     kmax_ = DeviceBuffer<__half>(meta_elems);
     for (auto* b : {&k_cache_, &v_cache_, &kmin_, &kmax_}) b->fill_bytes(0xFF);
+    // Page codes of the Quest layers, written when a page completes (poisoned too: an unwritten scale is NaN).
+    if (const int ql = quest_layer_count(c_, quest_); uses_page_codes(quest_) && ql > 0) {
+        codes_ = DeviceBuffer<uint8_t>(static_cast<size_t>(ql) *
+                                       page_codes_bytes(quest_.metadata, c_.num_kv_heads, c_.head_dim, max_pages_));
+        code_scales_ = DeviceBuffer<float>(static_cast<size_t>(ql) * page_code_scales_bytes(c_.num_kv_heads, max_pages_) /
+                                           sizeof(float));
+        codes_.fill_bytes(0xFF);
+        code_scales_.fill_bytes(0xFF);
+    }
 
     // RoPE frequencies, once.
     const RopeFrequencies f = rope_frequencies(c_, 1);
@@ -271,7 +309,7 @@ void CudaLlama::allocate() {
     if (!quest_.full_attention) {
         const QuestWorkspaceSizes qs = quest_workspace_sizes(c_.num_heads, c_.num_kv_heads, c_.head_dim,
                                                              quest_.page_size, max_pages_, quest_.page_budget(),
-                                                             quest_.gqa_policy);
+                                                             quest_.gqa_policy, 0, match_);
         quest_scores_ = DeviceBuffer<float>(qs.scores);
         quest_selected_ = DeviceBuffer<int>(qs.selected);
         quest_partial_ = DeviceBuffer<float>(qs.partial_o + qs.partial_ml);
@@ -301,6 +339,19 @@ KvLayerView CudaLlama::kv_view(int layer) const {
     v.capacity = capacity_;
     v.page_size = quest_.page_size;
     v.max_pages = max_pages_;
+    return v;
+}
+
+PageCodesView CudaLlama::codes_view(int layer) const {
+    PageCodesView v;
+    v.format = quest_.metadata;
+    v.num_kv_heads = c_.num_kv_heads;
+    v.head_dim = c_.head_dim;
+    v.max_pages = max_pages_;
+    if (codes_.size() == 0 || !quest_.quest_layer(layer)) return v;  // no codes: codes == nullptr
+    const size_t i = static_cast<size_t>(layer - quest_.dense_layers);
+    v.codes = codes_.get() + i * page_codes_bytes(quest_.metadata, c_.num_kv_heads, c_.head_dim, max_pages_);
+    v.scales = code_scales_.get() + i * page_code_scales_bytes(c_.num_kv_heads, max_pages_) / sizeof(float);
     return v;
 }
 
@@ -580,6 +631,9 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             linear_gemm(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), T, qd + 2 * kvd, H);
             rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), T, c_.num_heads, rope, stream_);
             page_metadata_rebuild(kv, pos0 / quest_.page_size, (pos0 + T - 1) / quest_.page_size, pos0 + T, stream_);
+            if (const PageCodesView cv = codes_view(l); cv.codes)  // the pages this chunk completed
+                page_codes_quantize(cv, kv, pos0 / quest_.page_size, (pos0 + T) / quest_.page_size - 1, pos0 + T,
+                                    stream_);
             attention_prefill(att_.get(), q_.get(), kv, T, pos0, c_.num_heads, scale, stream_);
             linear_gemm(proj_.get(), L.wo, L.o4, att_.get(), T, H, qd);
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, T, H, eps, stream_);
@@ -648,6 +702,9 @@ void CudaLlama::enqueue_decode_step() {
         } else if (quest_.quest_layer(l)) {
             QuestDecodeOptions qopts;
             qopts.fused = opts_.quest_fused;
+            const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
+            if (cv.codes) qopts.codes = &cv;
+            qopts.match = match_;
             quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
                          scale, quest_ws_, stream_, qopts);
             mark("attention quest");
@@ -741,11 +798,16 @@ size_t CudaLlama::decode_bytes() const {
         if (!quest_.quest_layer(l) || pages <= static_cast<size_t>(quest_.page_budget())) {
             kv += len * kv_token;
         } else {
+            // The complete pages' metadata in the format scored (fp16 min/max, or codes + scale), then the selected
+            // pages' KV: K pages, or the bytes-matched count.
             const size_t meta = quest_.selector == PageSelector::Streaming  // no scores: no metadata read
                                     ? 0
-                                    : pages * 2ull * c_.num_kv_heads * c_.head_dim * 2;
+                                    : (pages - 1) * c_.num_kv_heads *
+                                          static_cast<size_t>(page_metadata_bytes(quest_.metadata, c_.head_dim));
             const size_t sets = quest_.gqa_policy == GqaPolicy::PerHead ? c_.group_size() : 1;
-            kv += meta + sets * static_cast<size_t>(quest_.budget) * kv_token;
+            const size_t selected = static_cast<size_t>(
+                codes::step_pages(static_cast<int>(len), quest_.page_size, quest_.page_budget(), match_));
+            kv += meta + sets * selected * quest_.page_size * kv_token;
         }
     }
     return weight_bytes(c_, groups_) + kv;

@@ -44,7 +44,7 @@ LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group);
 struct MemoryPlan {
     size_t weights = 0;
     size_t kv_cache = 0;   // layers x 2 x kv_dim x 2 bytes per token
-    size_t metadata = 0;   // page min/max
+    size_t metadata = 0;   // page min/max (fp16), and the int8 / int4 page codes + scales of the Quest layers
     size_t workspace = 0;  // activations, attention and Quest workspaces, logits
     size_t total() const { return weights + kv_cache + metadata + workspace; }
     std::string describe() const;
@@ -82,6 +82,12 @@ public:
     // Bytes one decode step must read at the current position (weights + KV or Quest's share + metadata).
     size_t decode_bytes() const;
 
+    // The device buffers of a layer (tests and tools read them back): its KV cache and fp16 page metadata, and its
+    // int8 / int4 page codes (QuestSettings::metadata; kernels/page_codes.cuh), which only the Quest layers of the
+    // quest selector keep (codes == nullptr otherwise).
+    KvLayerView kv_view(int layer) const;
+    PageCodesView codes_view(int layer) const;
+
 private:
     CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearGroups groups);
     void allocate();
@@ -89,7 +95,6 @@ private:
     void randomize_weights(uint64_t seed);
     void enqueue_decode_step();  // every kernel of one decode step on stream_
     void mark(const char* what);  // profiling: an event after the kernels of `what`
-    KvLayerView kv_view(int layer) const;
 
     struct Layer {
         __half* wqkv = nullptr;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)
@@ -138,6 +143,10 @@ private:
     __half* lm_head_ = nullptr;   // [vocab][hidden] (== embed_ when tied)
     float* final_norm_ = nullptr;
     DeviceBuffer<__half> k_cache_, v_cache_, kmin_, kmax_;  // [layers][kv_heads][capacity or pages][head_dim]
+    // Page codes of the Quest layers (dense_layers .. layers-1), when the metadata format is int8 / int4.
+    DeviceBuffer<uint8_t> codes_;      // [Quest layers][page_codes_bytes]
+    DeviceBuffer<float> code_scales_;  // [Quest layers][kv_heads][padded pages]
+    MatchedBudget match_;              // bytes-matched budget (QuestSettings::match_bytes), else off
     DeviceBuffer<float> inv_freq_;
     RopeDeviceParams rope_;
     DeviceBuffer<int> d_pos_, d_tokens_;

@@ -16,6 +16,7 @@
 #include "engine/quest_settings.h"
 #include "kernels/attention.h"
 #include "kernels/quest.h"
+#include "model/dtype.h"
 #include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/make_model.h"
@@ -777,4 +778,132 @@ TEST(Policy, JsonlSetRunsEveryPolicyFromOnePrefill) {
     EXPECT_LT(rows[4].bytes.tokens_per_row, rows[1].bytes.tokens_per_row) << "p = 0.01 reads fewer tokens than B";
     EXPECT_THAT(jsonl_table(rows), ::testing::HasSubstr("two-level+s4"));
     EXPECT_THAT(jsonl_json(rows), ::testing::HasSubstr("\"kv_tokens_per_row\""));
+}
+
+// ---------------------------------------------------------------- the rules shared with the GPU (kernels/page_codes.h)
+
+// The device's page count of a bytes-matched budget (codes::step_pages, computed from the position inside the CUDA
+// graph) is quest_matched_pages + 1 on a selecting step and P on a dense one, and its maximum over the lengths is its
+// value at the capacity (the workspace's size).
+TEST(Policy, DeviceMatchedCountEqualsQuestMatchedPages) {
+    std::mt19937 rng(21);
+    int checked = 0;
+    for (MetadataFormat fmt : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
+        for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
+            for (int trial = 0; trial < 12; ++trial) {
+                const int d = 16 << (trial % 4), S = 1 << (trial % 6), kvh = 1 + trial % 3, group = 1 + trial % 4;
+                const int K = 1 + static_cast<int>(rng() % 40), max_pages = 1 + static_cast<int>(rng() % 3000);
+                const codes::MatchedBudget m = matched_budget(fmt, d, kvh * group, kvh, policy);
+                int largest = 0;
+                for (int len = 1; len <= max_pages * S; len += 1 + static_cast<int>(rng() % (S * 7))) {
+                    QuestSelectArgs a;
+                    a.num_heads = kvh * group;
+                    a.num_kv_heads = kvh;
+                    a.head_dim = d;
+                    a.len = len;
+                    a.page_size = S;
+                    a.page_budget = K;
+                    a.policy = policy;
+                    a.metadata = fmt;
+                    a.match_bytes = true;
+                    const int P = (len + S - 1) / S;
+                    const int n = codes::step_pages(len, S, K, m);
+                    if (P <= K) {
+                        ASSERT_EQ(n, P);
+                    } else {
+                        ASSERT_EQ(n, quest_matched_pages(a) + 1) << "len " << len;
+                    }
+                    ASSERT_GE(n, std::min(P, K));
+                    ASSERT_LE(n, P);
+                    if (fmt == MetadataFormat::Fp16) {
+                        ASSERT_EQ(n, std::min(P, K)) << "fp16 metadata: K pages";
+                    }
+                    largest = std::max(largest, n);
+                    ++checked;
+                }
+                ASSERT_EQ(codes::max_step_pages(max_pages, S, K, m), std::max(largest, codes::step_pages(max_pages * S, S, K, m)));
+                ASSERT_EQ(codes::step_pages(max_pages * S, S, K, codes::MatchedBudget{}), std::min(max_pages, K));
+            }
+    EXPECT_GT(checked, 1000);
+}
+
+// The device layout: every (KV head, page, piece) has its own 16 bytes inside the layer's array, consecutive pages'
+// piece j are adjacent (a warp reads 512 contiguous bytes), and piece_set / piece_get round-trip every code.
+TEST(Policy, PageCodeLayoutRoundTrips) {
+    std::mt19937 rng(22);
+    for (bool int4 : {false, true})
+        for (int d : {16, 32, 128, 256}) {
+            const int hkv = 3, max_pages = 70, padded = codes::code_padded_pages(max_pages), np = codes::code_pieces_per_page(int4, d);
+            ASSERT_EQ(padded, 96);
+            ASSERT_EQ(np * codes::kCodePieceBytes, codes::code_page_bytes(int4, d));
+            const int64_t total = int64_t(hkv) * padded * codes::code_page_bytes(int4, d);
+            std::vector<int> seen(total / codes::kCodePieceBytes, 0);
+            for (int h = 0; h < hkv; ++h)
+                for (int p = 0; p < padded; ++p)
+                    for (int j = 0; j < np; ++j) {
+                        const int64_t off = codes::code_piece_offset(h, p, j, np, padded);
+                        ASSERT_EQ(off % codes::kCodePieceBytes, 0);
+                        ASSERT_GE(off, 0);
+                        ASSERT_LT(off, total);
+                        ++seen[off / codes::kCodePieceBytes];
+                        if (p % codes::kCodeTile) {
+                            ASSERT_EQ(off, codes::code_piece_offset(h, p - 1, j, np, padded) + codes::kCodePieceBytes);
+                        }
+                    }
+            for (int s : seen) ASSERT_EQ(s, 1);
+            const int qmax = codes::code_max(int4), C = codes::code_piece_channels(int4);
+            std::uniform_int_distribution<int> code(-qmax - 1, qmax);
+            for (int rep = 0; rep < 50; ++rep) {
+                uint32_t w[4] = {0, 0, 0, 0};
+                std::vector<int> mn(C), mx(C);
+                for (int k = 0; k < C; ++k) {
+                    mn[k] = code(rng);
+                    mx[k] = code(rng);
+                    codes::piece_set(w, k, false, int4, mn[k]);
+                    codes::piece_set(w, k, true, int4, mx[k]);
+                }
+                for (int k = 0; k < C; ++k) {
+                    ASSERT_EQ(codes::piece_get(w, k, false, int4), mn[k]);
+                    ASSERT_EQ(codes::piece_get(w, k, true, int4), mx[k]);
+                }
+            }
+        }
+}
+
+// The GPU kernel's arithmetic (codes::piece_mask_word, codes::piece_fma: the select masks, the byte-permute decode
+// and the FMA chain over the packed pieces, in the device layout's channel order) reproduces page_score_int8_ref bit
+// for bit for fp16 q (every product q_i * c_i is exact in fp32), zeros and negative zeros in q included.
+TEST(Policy, GpuPieceArithmeticEqualsPageScoreInt8Ref) {
+    std::mt19937 rng(23);
+    int pages = 0;
+    for (MetadataFormat fmt : {MetadataFormat::Int8, MetadataFormat::Int4})
+        for (int trial = 0; trial < 300; ++trial) {
+            const bool int4 = fmt == MetadataFormat::Int4;
+            const int d = (int4 ? 16 : 8) << (trial % 5), C = codes::code_piece_channels(int4), np = d / C;
+            auto mn = random_vec(rng, d, 1.0f + trial % 17, -0.5f), mx = mn;
+            for (int i = 0; i < d; ++i) mx[i] = mn[i] + std::fabs(random_vec(rng, 1, 2.0f)[0]);
+            const Int8Page c = quantize_page_codes_ref(mn.data(), mx.data(), d, fmt);
+            auto q = random_vec(rng, d, 3.0f);
+            for (float& x : q) x = half_to_float(float_to_half(x));  // the GPU's q is fp16
+            if (trial % 3 == 0) q[trial % d] = 0.0f;
+            if (trial % 5 == 0) q[(trial + 1) % d] = -0.0f;
+            float u = 0.0f;
+            for (int j = 0; j < np; ++j) {
+                uint32_t w[4] = {0, 0, 0, 0};
+                for (int k = 0; k < C; ++k) {
+                    codes::piece_set(w, k, false, int4, c.cmin[j * C + k]);
+                    codes::piece_set(w, k, true, int4, c.cmax[j * C + k]);
+                }
+                const float* qp = q.data() + j * C;
+                const uint32_t m0 = int4 ? codes::piece_mask_word<true>(qp) : codes::piece_mask_word<false>(qp);
+                const uint32_t m1 =
+                    int4 ? codes::piece_mask_word<true>(qp + C / 2) : codes::piece_mask_word<false>(qp + C / 2);
+                u = int4 ? codes::piece_fma<true>(w, m0, m1, qp, u) : codes::piece_fma<false>(w, m0, m1, qp, u);
+            }
+            const float gpu = u * c.scale;
+            const float ref = page_score_int8_ref(q.data(), c);
+            ASSERT_EQ(gpu, ref) << metadata_format_name(fmt) << " trial " << trial;
+            ++pages;
+        }
+    EXPECT_EQ(pages, 600);
 }

@@ -3,7 +3,8 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [attention] [quest] [--json FILE]   (no section named: all of them)
+//   quest_kernel_bench [gemv] [gemv4] [attention] [quest] [codes] [--json FILE]   (no section named: all of them;
+//   codes: only the page-codes part of quest)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +18,7 @@
 #include "kernels/elementwise.cuh"
 #include "kernels/gemv.cuh"
 #include "kernels/gemv_int4.cuh"
+#include "kernels/page_codes.cuh"
 #include "kernels/quest.cuh"
 
 using namespace quest;
@@ -294,6 +296,90 @@ void bench_quest() {
     CUDA_CHECK(cudaStreamDestroy(cap_stream));
 }
 
+// Quest scores from int8 / int4 page codes (kernels/page_codes.cuh) on the Llama-2-7B shape (32 heads, 32 KV heads,
+// D = 128, S = 16, KvMax) at 32K and 128K tokens, against the fp16 scoring of the same metadata: GB/s counts the
+// metadata each launch must read (the complete pages' codes + scale: page_metadata_bytes per page and KV head; fp16:
+// kmin + kmax). Then one whole Quest layer with the codes (scores + top-k + attention) at B = 2048, K pages and
+// bytes-matched (+m: the metadata saved buys pages; bytes = metadata + the selected pages' K and V). Metadata and
+// codes rotate over 3 copies (> the 60 MB L2).
+void bench_quest_codes() {
+    const int NH = 32, NKV = 32, D = 128, S = 16, B = 2048, K = B / S, copies = 3;
+    for (int L : {32768, 131072}) {
+        const int pages = L / S;
+        const size_t kv_elems = size_t(NKV) * L * D, meta_elems = size_t(NKV) * pages * D;
+        DeviceBuffer<__half> k(kv_elems), v(kv_elems), kmin(meta_elems * copies), kmax(meta_elems * copies),
+            q(size_t(NH) * D), out(size_t(NH) * D);
+        fill_random_half(k.get(), k.size(), 23, 1.0f, 0.0f, nullptr);
+        fill_random_half(v.get(), v.size(), 24, 1.0f, 0.0f, nullptr);
+        fill_random_half(q.get(), q.size(), 25, 1.0f, 0.0f, nullptr);
+        std::vector<KvLayerView> views(copies);
+        for (int c = 0; c < copies; ++c) {
+            views[c] = {k.get(), v.get(), kmin.get() + meta_elems * c, kmax.get() + meta_elems * c, NKV, D, L, S, pages};
+            page_metadata_rebuild(views[c], 0, std::min(pages, 65535) - 1, L, nullptr);
+            if (pages > 65535) page_metadata_rebuild(views[c], 65535, pages - 1, L, nullptr);
+        }
+        DeviceBuffer<int> pos(1);
+        pos.upload(std::vector<int>{L - 1});
+        const std::string tag = "quest L=" + std::to_string(L);
+        {
+            DeviceBuffer<float> scores(size_t(NKV) * pages);
+            const double t = time_ms([&](int i) {
+                quest_page_scores(scores.get(), q.get(), views[i % copies], pos.get(), NH, K, GqaPolicy::KvMax, nullptr);
+            });
+            report("  " + tag + " scores fp16 metadata", t, double(pages - 1) * NKV * page_metadata_bytes(MetadataFormat::Fp16, D));
+        }
+        for (MetadataFormat f : {MetadataFormat::Int8, MetadataFormat::Int4}) {
+            const std::string fn(metadata_format_name(f));
+            DeviceBuffer<uint8_t> codes(page_codes_bytes(f, NKV, D, pages) * copies);
+            DeviceBuffer<float> scales(page_code_scales_bytes(NKV, pages) / 4 * copies);
+            std::vector<PageCodesView> cv(copies);
+            for (int c = 0; c < copies; ++c) {
+                cv[c].codes = codes.get() + page_codes_bytes(f, NKV, D, pages) * c;
+                cv[c].scales = scales.get() + page_code_scales_bytes(NKV, pages) / 4 * c;
+                cv[c].format = f;
+                cv[c].num_kv_heads = NKV;
+                cv[c].head_dim = D;
+                cv[c].max_pages = pages;
+                page_codes_quantize(cv[c], views[c], 0, pages - 1, L, nullptr);
+            }
+            const double meta_bytes = double(pages - 1) * NKV * page_metadata_bytes(f, D);
+            for (bool match : {false, true}) {
+                const MatchedBudget m =
+                    match ? matched_budget(f, D, NH, NKV, GqaPolicy::KvMax) : MatchedBudget{};
+                const QuestWorkspaceSizes qs = quest_workspace_sizes(NH, NKV, D, S, pages, K, GqaPolicy::KvMax, 0, m);
+                DeviceBuffer<float> q_scores(qs.scores), q_partial(qs.partial_o + qs.partial_ml);
+                DeviceBuffer<int> q_selected(qs.selected), q_counters(qs.counters);
+                q_counters.fill_bytes(0);
+                QuestWorkspace qws;
+                qws.scores = q_scores.get();
+                qws.selected = q_selected.get();
+                qws.partial_o = q_partial.get();
+                qws.partial_ml = q_partial.get() + qs.partial_o;
+                qws.counters = q_counters.get();
+                if (!match) {
+                    const double t = time_ms([&](int i) {
+                        quest_code_scores(qws.scores, q.get(), views[i % copies], cv[i % copies], pos.get(), NH, K,
+                                          GqaPolicy::KvMax, nullptr);
+                    });
+                    report("  " + tag + " scores " + fn + " codes", t, meta_bytes);
+                }
+                const int n = codes::step_pages(L, S, K, m);  // pages read per KV head (the last one included)
+                const double sel_bytes = 2.0 * NKV * double(n) * S * D * 2;
+                const double t = time_ms([&](int i) {
+                    QuestDecodeOptions o;
+                    o.codes = &cv[i % copies];
+                    o.match = m;
+                    quest_decode(out.get(), q.get(), views[i % copies], pos.get(), NH, K, GqaPolicy::KvMax, 0.088f, qws,
+                                 nullptr, o);
+                });
+                report(tag + " B=" + std::to_string(B) + " " + fn + (match ? "+m" : "") + " 1 layer (" +
+                           std::to_string(n) + " pages)",
+                       t, meta_bytes + sel_bytes);
+            }
+        }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -313,6 +399,7 @@ int main(int argc, char** argv) {
         if (want("gemv4")) bench_gemv_int4();
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
+        if (want("quest") || want("codes")) bench_quest_codes();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
