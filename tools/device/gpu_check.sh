@@ -5,6 +5,7 @@
 # `quest_kernel_bench gemv4` lists them), profile, hf, quest, eval.
 # Logs and JSON go to $OUT; a short table is printed last.
 set -u
+[ -d .device-bin ] || tar xzf .device-pack/db.tgz  # stage.sh packs it (the tool carries at most 64 MiB)
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=$PWD/.device-bin

@@ -10,6 +10,7 @@
 #
 # e.g. the device tool: command "bash tools/device/ncu.sh int4 quest", carry [".device-bin", ".device-deps"]
 set -u
+[ -d .device-bin ] || tar xzf .device-pack/db.tgz  # stage.sh packs it (the tool carries at most 64 MiB)
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=${BIN:-$PWD/.device-bin}

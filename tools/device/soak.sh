@@ -23,6 +23,7 @@
 # A dry run of the script on the CPU: BIN=build BACKEND=cpu SOAK_CONFIG=configs/demo-random-model.json CONTEXT=2048
 #   QUEST_TOKENS=300 FULL_START=1500 FULL_TOKENS=200 tools/device/soak.sh fill quest full   (limit/reset need a GPU)
 set -u
+[ -d .device-bin ] || tar xzf .device-pack/db.tgz  # stage.sh packs it (the tool carries at most 64 MiB)
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=${BIN:-$PWD/.device-bin}
