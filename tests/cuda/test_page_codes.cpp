@@ -93,8 +93,9 @@ struct Kv {
 
 // with_kv: keys N(0,1) plus a per-page offset along a per-KV-head direction (scores spread out), values N(0,1), the
 // metadata their pages' min/max. Without K/V the metadata is drawn directly, page by page, with magnitudes from
-// fp16 subnormals to 3e4 and special pages (all zero, kmin == kmax, all negative, one nonzero channel, values on the
-// code grid). Tokens >= valid_len and pages >= ceil(valid_len / S) are NaN on the device.
+// fp16 subnormals to 6e3 (clamped to +-6e4: finite in fp16) and special pages (all zero, kmin == kmax, all negative,
+// one nonzero channel, values on the code grid). Tokens >= valid_len and pages >= ceil(valid_len / S) are NaN on the
+// device.
 Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, bool with_kv) {
     Kv c;
     c.hkv = hkv;
@@ -141,7 +142,7 @@ Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, boo
         c.dk.upload(hk);
         c.dv.upload(hv);
     } else {
-        const float mags[7] = {1.0f, 3e-6f, 2e-3f, 0.25f, 7.0f, 900.0f, 30000.0f};
+        const float mags[7] = {1.0f, 3e-6f, 2e-3f, 0.25f, 7.0f, 900.0f, 6000.0f};
         for (int h = 0; h < hkv; ++h)
             for (int p = 0; p < valid_pages; ++p) {
                 float* mn = &c.kmin[(static_cast<size_t>(h) * c.max_pages + p) * d];
@@ -158,6 +159,8 @@ Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, boo
                         a = static_cast<float>(static_cast<int>(7 * nd(rng))) * 0.125f;
                         b = static_cast<float>(static_cast<int>(7 * nd(rng))) * 0.125f;
                     }
+                    a = std::clamp(a, -60000.0f, 60000.0f);  // finite in fp16
+                    b = std::clamp(b, -60000.0f, 60000.0f);
                     mn[i] = std::min(a, b);
                     mx[i] = std::max(a, b);
                 }
