@@ -824,6 +824,8 @@ TEST(PageCodesCuda, DecodeSequenceInGraph) {
             dqkv.upload(qkv);
             w.poison();
             dout.fill_bytes(0xFF);
+            // The uploads and fills ran on the legacy stream, which the non-blocking `st` does not wait for.
+            CUDA_CHECK(cudaDeviceSynchronize());
             if (step == 0) {
                 enqueue();  // eager: first-use attribute and occupancy queries happen outside the capture
             } else {
