@@ -39,7 +39,7 @@ struct BenchRow {
     std::string selector = "quest";  // the page-selection policy (QuestSettings::policy_label; "full")
     // The bytes model of the attention (kernels/quest.h selection_bytes: FP16 KV and metadata), per decode step,
     // every layer: measured over the timed steps on the CPU backend (every selector), counted from the quest rule on
-    // CUDA (quest_step_bytes_model at the mid-run position).
+    // CUDA (quest_step_bytes_model, engine/quest_settings.h, at the mid-run position).
     double attention_bytes = 0;
     double metadata_bytes = 0;  // the metadata part of attention_bytes
     double gbps = 0;      // bytes / p50
@@ -47,11 +47,6 @@ struct BenchRow {
     size_t device_memory = 0;
 };
 
-// The bytes model for the quest selector without running it: what one decode step over `len` tokens reads in every
-// layer (the dense layers' KV; in a Quest layer the metadata of the complete pages in q.metadata's format and the KV
-// of K pages (bytes-matched: quest_matched_pages + 1), or every token when P <= K). Returns {attention bytes,
-// metadata bytes}.
-std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const QuestSettings& q, int len);
 
 std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(const std::string&)>& progress);
 // --weights: comma-separated fp16, int4 (group 128) or int4-g<G> (G a power of two >= 32), normalised to "fp16"

@@ -2,7 +2,8 @@
 // The GPU Quest decode path (Tang et al., ICML 2024; semantics in docs/quest.md) for one layer and one sequence:
 //   1. quest_page_scores: U(p, q) = sum_i max(q_i kmin[p][i], q_i kmax[p][i]) of every complete candidate page, per
 //      selection row (a KV head for KvMax/KvSum, the group's scores aggregated; a query head for PerHead);
-//   2. quest_top_k: per row the top-(K-1) candidates (ties -> lower page id) plus the last page, ascending;
+//   2. quest_top_k: per row the top-(K-1) candidates (ties -> lower page id) plus the last page, ascending (a
+//      bytes-matched budget: the top quest_matched_pages, a count the kernels compute from the device position);
 //   3. attention_decode_sparse: exact softmax attention of every query head over its row's selected pages.
 // CPU references: page_scores_ref, top_k_ref, quest_select_ref (kernels/quest.h), attention_pages_ref
 // (kernels/attention.h).
@@ -15,8 +16,9 @@
 //
 // Numerics: scores are fp32 sums over the channels in channel order of exact fp16 x fp16 products, i.e. the same
 // rounding as page_scores_ref (KvSum adds the group's heads in head order, as quest_select_ref does), so the GPU and
-// CPU rankings agree bit for bit. Attention uses an exp2-based online softmax with fp32 accumulation; the output is
-// fp16.
+// CPU rankings agree bit for bit. With int8 / int4 page codes (QuestDecodeOptions::codes, kernels/page_codes.cuh)
+// the scores are page_score_int8_ref's bits instead. Attention uses an exp2-based online softmax with fp32
+// accumulation; the output is fp16.
 #include <cstddef>
 
 #include "kernels/cuda_common.cuh"

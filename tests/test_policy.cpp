@@ -907,3 +907,40 @@ TEST(Policy, GpuPieceArithmeticEqualsPageScoreInt8Ref) {
         }
     EXPECT_EQ(pages, 600);
 }
+
+// quest bench's bytes columns for CUDA rows come from quest_step_bytes_model (the GPU does not count its reads): it
+// equals what the CPU backend counts for the same settings and position, with int8 / int4 metadata, bytes-matched
+// budgets (the page count of kernels/page_codes.h) and both GQA layouts.
+TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
+    const auto dir = test::temp_dir("policy_bytes_model");
+    const ModelConfig c = parse_model_config(
+        R"({"hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "max_position_embeddings": 1024})",
+        "inline");
+    write_random_llama(dir, c, {7, DType::F32});
+    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(dir), c));
+    int checked = 0;
+    for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
+        for (bool match : {false, true})
+            for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::PerHead})
+                for (int len : {30, 46, 101, 333}) {
+                    QuestSettings q;
+                    q.page_size = 4;
+                    q.budget = 12;
+                    q.dense_layers = 1;
+                    q.metadata = f;
+                    q.match_bytes = match;
+                    q.gqa_policy = pol;
+                    CpuLlama b(w, q, 400);
+                    std::vector<int> prompt(len - 1);
+                    for (int i = 0; i < len - 1; ++i) prompt[i] = 3 + (i * 31) % 90;
+                    b.prefill(prompt);
+                    b.reset_read_stats();
+                    b.decode(5);
+                    const auto model = quest_step_bytes_model(c, q, len);
+                    EXPECT_EQ(model.first, b.read_stats().bytes_per_step()) << q.policy_label() << " len " << len;
+                    EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
+                    ++checked;
+                }
+    EXPECT_EQ(checked, 48);
+}

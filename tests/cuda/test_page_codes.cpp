@@ -93,8 +93,9 @@ struct Kv {
 
 // with_kv: keys N(0,1) plus a per-page offset along a per-KV-head direction (scores spread out), values N(0,1), the
 // metadata their pages' min/max. Without K/V the metadata is drawn directly, page by page, with magnitudes from
-// fp16 subnormals to 3e4 and special pages (all zero, kmin == kmax, all negative, one nonzero channel, values on the
-// code grid). Tokens >= valid_len and pages >= ceil(valid_len / S) are NaN on the device.
+// fp16 subnormals to 6e3 (clamped to +-6e4: finite in fp16) and special pages (all zero, kmin == kmax, all negative,
+// one nonzero channel, values on the code grid). Tokens >= valid_len and pages >= ceil(valid_len / S) are NaN on the
+// device.
 Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, bool with_kv) {
     Kv c;
     c.hkv = hkv;
@@ -141,7 +142,7 @@ Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, boo
         c.dk.upload(hk);
         c.dv.upload(hv);
     } else {
-        const float mags[7] = {1.0f, 3e-6f, 2e-3f, 0.25f, 7.0f, 900.0f, 30000.0f};
+        const float mags[7] = {1.0f, 3e-6f, 2e-3f, 0.25f, 7.0f, 900.0f, 6000.0f};
         for (int h = 0; h < hkv; ++h)
             for (int p = 0; p < valid_pages; ++p) {
                 float* mn = &c.kmin[(static_cast<size_t>(h) * c.max_pages + p) * d];
@@ -158,6 +159,8 @@ Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, boo
                         a = static_cast<float>(static_cast<int>(7 * nd(rng))) * 0.125f;
                         b = static_cast<float>(static_cast<int>(7 * nd(rng))) * 0.125f;
                     }
+                    a = std::clamp(a, -60000.0f, 60000.0f);  // finite in fp16
+                    b = std::clamp(b, -60000.0f, 60000.0f);
                     mn[i] = std::min(a, b);
                     mx[i] = std::max(a, b);
                 }
@@ -821,6 +824,8 @@ TEST(PageCodesCuda, DecodeSequenceInGraph) {
             dqkv.upload(qkv);
             w.poison();
             dout.fill_bytes(0xFF);
+            // The uploads and fills ran on the legacy stream, which the non-blocking `st` does not wait for.
+            CUDA_CHECK(cudaDeviceSynchronize());
             if (step == 0) {
                 enqueue();  // eager: first-use attribute and occupancy queries happen outside the capture
             } else {
@@ -881,6 +886,45 @@ QuestSettings code_settings(MetadataFormat f, bool match, int budget) {
     return q;
 }
 
+// The codes of every complete page of every Quest layer of a CUDA backend, on its real keys: equal to the
+// reference's quantization of its own fp16 metadata, and enclosing every key of the page (the bound property).
+void check_model_codes(const CudaLlama& gpu, const QuestSettings& q, MetadataFormat f) {
+    const int len = gpu.position(), S = q.page_size;
+    const ModelConfig& cfg = gpu.config();
+    EXPECT_EQ(gpu.codes_view(0).codes, nullptr) << "dense layers keep no codes";
+    for (int l = q.dense_layers; l < cfg.num_layers; ++l) {
+        const KvLayerView kvv = gpu.kv_view(l);
+        const PageCodesView cv = gpu.codes_view(l);
+        ASSERT_NE(cv.codes, nullptr);
+        const size_t kn = static_cast<size_t>(kvv.num_kv_heads) * kvv.capacity * kvv.head_dim;
+        const size_t mn = static_cast<size_t>(kvv.num_kv_heads) * kvv.max_pages * kvv.head_dim;
+        std::vector<__half> hk(kn), hmin(mn), hmax(mn);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        CUDA_CHECK(cudaMemcpy(hk.data(), kvv.k, kn * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hmin.data(), kvv.kmin, mn * 2, cudaMemcpyDeviceToHost));
+        CUDA_CHECK(cudaMemcpy(hmax.data(), kvv.kmax, mn * 2, cudaMemcpyDeviceToHost));
+        const std::vector<float> keys = test::to_float(hk), kmin = test::to_float(hmin), kmax = test::to_float(hmax);
+        const HostCodes hc(cv);
+        int bad_codes = 0, bad_bound = 0, pages = 0;
+        for (int h = 0; h < kvv.num_kv_heads; ++h)
+            for (int p = 0; p < len / S; ++p) {
+                const size_t mo = (static_cast<size_t>(h) * kvv.max_pages + p) * kvv.head_dim;
+                const Int8Page got = hc.page(h, p);
+                bad_codes += !same_page(got, quantize_page_codes_ref(&kmin[mo], &kmax[mo], kvv.head_dim, f));
+                ++pages;
+                for (int t = p * S; t < (p + 1) * S; ++t)
+                    for (int i = 0; i < kvv.head_dim; ++i) {
+                        const float k = keys[(static_cast<size_t>(h) * kvv.capacity + t) * kvv.head_dim + i];
+                        bad_bound += !(static_cast<float>(got.cmin[i]) * got.scale <= k &&
+                                       static_cast<float>(got.cmax[i]) * got.scale >= k);
+                    }
+            }
+        EXPECT_GT(pages, 0);
+        EXPECT_EQ(bad_codes, 0) << "layer " << l << ": codes differ from quantize_page_codes_ref of the metadata";
+        EXPECT_EQ(bad_bound, 0) << "layer " << l << ": a decoded bound does not enclose a key";
+    }
+}
+
 // Teacher-forced decode on the random-weight demo model (GQA 2:1, head_dim 32): logits follow the CPU backend (same
 // fp16-rounded weights; the CPU's keys are fp32, so a code can differ where a key sits on a code boundary), and the
 // GPU's codes of every complete page are the reference's quantization of its own metadata and enclose every key.
@@ -917,39 +961,7 @@ TEST(PageCodesCuda, ModelFollowsCpu) {
             EXPECT_GE(agree, 34);
             std::printf("[model %s] worst logits rel_err %.3g, top-1 agree %d/37\n", q.policy_label().c_str(), worst,
                         agree);
-            // The codes on real data.
-            const int len = gpu->position(), S = q.page_size;
-            const ModelConfig& cfg = m.config;
-            for (int l = q.dense_layers; l < cfg.num_layers; ++l) {
-                const KvLayerView kvv = gpu->kv_view(l);
-                const PageCodesView cv = gpu->codes_view(l);
-                ASSERT_NE(cv.codes, nullptr);
-                EXPECT_EQ(gpu->codes_view(0).codes, nullptr) << "dense layers keep no codes";
-                const size_t kn = static_cast<size_t>(kvv.num_kv_heads) * kvv.capacity * kvv.head_dim;
-                const size_t mn = static_cast<size_t>(kvv.num_kv_heads) * kvv.max_pages * kvv.head_dim;
-                std::vector<__half> hk(kn), hmin(mn), hmax(mn);
-                CUDA_CHECK(cudaMemcpy(hk.data(), kvv.k, kn * 2, cudaMemcpyDeviceToHost));
-                CUDA_CHECK(cudaMemcpy(hmin.data(), kvv.kmin, mn * 2, cudaMemcpyDeviceToHost));
-                CUDA_CHECK(cudaMemcpy(hmax.data(), kvv.kmax, mn * 2, cudaMemcpyDeviceToHost));
-                const std::vector<float> keys = test::to_float(hk), kmin = test::to_float(hmin),
-                                         kmax = test::to_float(hmax);
-                const HostCodes hc(cv);
-                int bad_codes = 0, bad_bound = 0;
-                for (int h = 0; h < kvv.num_kv_heads; ++h)
-                    for (int p = 0; p < len / S; ++p) {
-                        const size_t mo = (static_cast<size_t>(h) * kvv.max_pages + p) * kvv.head_dim;
-                        const Int8Page got = hc.page(h, p);
-                        bad_codes += !same_page(got, quantize_page_codes_ref(&kmin[mo], &kmax[mo], kvv.head_dim, f));
-                        for (int t = p * S; t < (p + 1) * S; ++t)
-                            for (int i = 0; i < kvv.head_dim; ++i) {
-                                const float k = keys[(static_cast<size_t>(h) * kvv.capacity + t) * kvv.head_dim + i];
-                                bad_bound += !(static_cast<float>(got.cmin[i]) * got.scale <= k &&
-                                               static_cast<float>(got.cmax[i]) * got.scale >= k);
-                            }
-                    }
-                EXPECT_EQ(bad_codes, 0) << "layer " << l;
-                EXPECT_EQ(bad_bound, 0) << "layer " << l << ": a decoded bound does not enclose a key";
-            }
+            check_model_codes(*gpu, q, f);
         }
 }
 
@@ -989,6 +1001,7 @@ TEST(PageCodesCuda, TrainedModelGreedyTokensEqualCpu) {
                 b = argmax(gpu->decode(b));
             }
             EXPECT_EQ(tb, ta) << "cpu: " << tok.decode(ta) << " | gpu: " << tok.decode(tb);
+            check_model_codes(*gpu, q, f);  // the bound property on a trained model's keys
             std::printf("[greedy %s] key %d: cpu \"%s\" gpu \"%s\"\n", q.policy_label().c_str(), p.key,
                         tok.decode(ta).c_str(), tok.decode(tb).c_str());
         }
