@@ -1043,8 +1043,11 @@ const Int4Variant kVariants[] = {
     {"mma W8 P3 S16", launch_mma<8, 3, 16>},  // 80 regs, 2 blocks/SM at 4096 columns (128 KB), 1 at 11008 (64 KB)
 };
 
-// The compiled default of gemv_int4() (an index into kVariants).
-constexpr int kDefaultVariant = 0;
+// The compiled default of gemv_int4() (an index into kVariants): "stream R2 U4 W8 S16". H200, 7B shapes (docs/
+// measurements.md, third session): 16 launches back to back qkv 66.0%, o 41.2%, gate+up 68.5%, down 58.9% of 4.2 TB/s
+// (variant 0: 65.5 / 39.7 / 67.8 / 54.6%); whole int4 step 0.6-1.2% faster than with variant 0 at 4K and 32K. The
+// seg and mma kernels were slower (fewer instructions per weight, fewer bytes in flight).
+constexpr int kDefaultVariant = 5;
 
 void check_view(const Int4View& W, const char* who) {
     QUEST_REQUIRE(W.qweight && W.scales && W.zeros && W.rows > 0 && W.cols > 0, std::string(who) + ": bad arguments");

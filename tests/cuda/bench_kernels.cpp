@@ -119,7 +119,7 @@ void bench_gemv_int4() {
             return Int4View{q.get() + words * c, sc.get() + groups * c, z.get() + groups * c, s.rows, s.cols, group};
         };
         const double bytes = packed + s.cols * 2.0 + s.rows * 4.0;
-        // Every variant (0 is gemv_int4's default), isolated launches, then 16 launches back to back (as in the
+        // Every variant (gemv_int4's default is marked), isolated launches, then 16 launches back to back (as in the
         // decode graph: each one's weight loads start under the previous one's tail, programmatic dependent
         // launch), time per launch.
         for (int v = 0; v < gemv_int4_variant_count(); ++v) {
