@@ -2,22 +2,13 @@
 #include <cstdint>
 
 #include "kernels/attention_decode.cuh"
+#include "kernels/device_utils.cuh"
 
 namespace quest {
 
 namespace {
 
 constexpr int kThreads = 128;
-
-__device__ __forceinline__ void half8_to_float(uint4 raw, float* out) {
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        const float2 f = __half22float2(h[i]);
-        out[2 * i] = f.x;
-        out[2 * i + 1] = f.y;
-    }
-}
 
 // One block = one KV head x one span of `split_tokens` tokens, for the G query heads of the group.
 // Threads form token groups of D/8 lanes; each lane owns 8 channels (one 16-byte load per row).
@@ -215,11 +206,9 @@ void launch_split(__half* out, const __half* q, const KvLayerView& kv, const int
         CUDA_CHECK(cudaFuncSetAttribute(decode_split_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
     // Spans per KV head that fill every SM once (host-side occupancy query: no stream work, graph-safe).
-    int per_sm = 0, dev = 0, sms = 0;
+    int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_split_kernel<D, G>, kThreads, smem));
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    const int wave_splits = std::max(1, per_sm * sms / kv.num_kv_heads);
+    const int wave_splits = std::max(1, per_sm * sm_count() / kv.num_kv_heads);
     launch_pdl(decode_split_kernel<D, G>, dim3(kv.num_kv_heads, ws.max_splits), dim3(kThreads), smem, stream, out, q, kv,
                d_pos, scale_log2, split_tokens, wave_splits, ws);
 }

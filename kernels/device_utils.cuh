@@ -5,7 +5,39 @@
 
 #include <cuda_fp16.h>
 
+#include "kernels/cuda_common.cuh"
+
 namespace quest {
+
+// log2 of a power of two (the smallest l with 2^l >= x).
+inline int log2_exact(int x) {
+    int l = 0;
+    while ((1 << l) < x) ++l;
+    return l;
+}
+
+// Streaming multiprocessors of the current device (cached per thread; no synchronisation, capture-safe).
+inline int sm_count() {
+    thread_local int dev = -1, sms = 0;
+    int d = 0;
+    CUDA_CHECK(cudaGetDevice(&d));
+    if (d != dev) {
+        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
+        dev = d;
+    }
+    return sms > 0 ? sms : 1;
+}
+
+// Eight packed fp16 values (one 16-byte load) to fp32.
+__device__ __forceinline__ void half8_to_float(const uint4& raw, float (&f)[8]) {
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 x = __half22float2(h[j]);
+        f[2 * j] = x.x;
+        f[2 * j + 1] = x.y;
+    }
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -857,17 +857,6 @@ int chunk_shift(int group) {
     return s;
 }
 
-// Streaming multiprocessors of the current device (cached per thread; no synchronisation, capture-safe).
-int sm_count() {
-    thread_local int dev = -1, sms = 0;
-    int d = 0;
-    CUDA_CHECK(cudaGetDevice(&d));
-    if (d != dev) {
-        CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d));
-        dev = d;
-    }
-    return sms > 0 ? sms : 1;
-}
 
 using Int4Launcher = void (*)(float*, const Int4View&, const __half*, cudaStream_t);
 

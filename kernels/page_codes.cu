@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "kernels/page_codes.cuh"
+#include "kernels/device_utils.cuh"
 
 namespace quest {
 
@@ -18,30 +19,7 @@ constexpr int kThreads = 128;  // 4 warps per block; the unit of work is one war
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGroupTile = 8;  // query heads scored per pass over a KV head's codes
 
-int log2_exact(int x) {
-    int l = 0;
-    while ((1 << l) < x) ++l;
-    return l;
-}
-
-int sm_count() {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(n, 1);
-}
-
 bool pow2_head_dim(int d) { return d == 8 || d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
-
-__device__ __forceinline__ void half8_to_float(const uint4& raw, float (&f)[8]) {
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float2 x = __half22float2(h[j]);
-        f[2 * j] = x.x;
-        f[2 * j + 1] = x.y;
-    }
-}
 
 // A 16-byte load through L2 that does not allocate in L1 (each code byte is read once per pass). A plain coherent
 // load, not the non-coherent path: the same launch writes the codes of the page the current token completed (other

@@ -32,16 +32,6 @@ __device__ __forceinline__ int swz(int r, int c) {
         return c ^ ((r / (8 / CPR)) & (CPR - 1));
 }
 
-__device__ __forceinline__ void half8_to_float(const uint4& raw, float (&f)[8]) {
-    const __half2* h = reinterpret_cast<const __half2*>(&raw);
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const float2 x = __half22float2(h[j]);
-        f[2 * j] = x.x;
-        f[2 * j + 1] = x.y;
-    }
-}
-
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -53,19 +43,6 @@ __device__ __forceinline__ bool device_len(const int* d_pos, int page_size_log2,
     len = *d_pos + 1;
     P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
     return len >= 1 && P <= max_pages;
-}
-
-int log2_exact(int x) {
-    int l = 0;
-    while ((1 << l) < x) ++l;
-    return l;
-}
-
-int sm_count() {
-    int dev = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    return std::max(n, 1);
 }
 
 bool head_dim_supported(int d) { return d == 8 || d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }

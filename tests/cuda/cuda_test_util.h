@@ -9,6 +9,7 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/device_buffer.h"
+#include "kernels/quest.h"
 #include "model/dtype.h"
 
 #define QUEST_REQUIRE_GPU()                                                                              \
@@ -60,6 +61,53 @@ inline bool all_finite(const std::vector<float>& v) {
     for (float x : v)
         if (!std::isfinite(x)) return false;
     return true;
+}
+
+// The fp16 NaN used to poison device memory that must not be read (or must be written).
+inline __half half_nan() {
+    __half_raw r;
+    r.x = 0xFFFF;
+    return __half(r);
+}
+
+// Paged K/V for the Quest tests, [hkv][cap][d]: keys N(0,1) plus off[h][page] * dir[h] (so the pages' scores spread
+// out), values N(0,1), rounded to fp16 (k, v keep the rounded values the CPU reference sees); the fp16 copies hk, hv
+// have the tokens >= valid_len poisoned (NaN); kmin/kmax ([hkv][max_pages][d], zero-filled by the caller) get the
+// min/max of each page's valid tokens (page_metadata_update_ref).
+struct PagedKv {
+    std::vector<float> k, v;
+    std::vector<__half> hk, hv;
+};
+inline PagedKv random_paged_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int max_pages, int valid_len,
+                               const std::vector<float>& dir, const std::vector<float>& off, std::vector<float>& kmin,
+                               std::vector<float>& kmax) {
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    PagedKv r;
+    const size_t n = static_cast<size_t>(hkv) * cap * d;
+    r.k.resize(n);
+    r.v.resize(n);
+    for (int h = 0; h < hkv; ++h)
+        for (int t = 0; t < cap; ++t)
+            for (int i = 0; i < d; ++i) {
+                const size_t at = (static_cast<size_t>(h) * cap + t) * d + i;
+                r.k[at] = nd(rng) + off[static_cast<size_t>(h) * max_pages + t / s] * dir[h * d + i];
+                r.v[at] = nd(rng);
+            }
+    r.hk = to_half(r.k);
+    r.hv = to_half(r.v);
+    for (int h = 0; h < hkv; ++h)
+        for (int t = valid_len; t < cap; ++t)
+            for (int i = 0; i < d; ++i) {
+                const size_t at = (static_cast<size_t>(h) * cap + t) * d + i;
+                r.hk[at] = half_nan();
+                r.hv[at] = half_nan();
+            }
+    for (int h = 0; h < hkv; ++h)
+        for (int t = 0; t < valid_len; ++t) {
+            const size_t m = (static_cast<size_t>(h) * max_pages + t / s) * d;
+            page_metadata_update_ref(&kmin[m], &kmax[m], &r.k[(static_cast<size_t>(h) * cap + t) * d], d, t % s == 0);
+        }
+    return r;
 }
 
 }  // namespace quest::test

@@ -46,11 +46,7 @@ namespace {
 using test::rel_err;
 using test::to_half;
 
-__half half_nan() {
-    __half_raw r;
-    r.x = 0xFFFF;
-    return __half(r);
-}
+using test::half_nan;
 
 int cdiv(int a, int b) { return (a + b - 1) / b; }
 
@@ -113,34 +109,13 @@ Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, boo
         std::vector<float> dir(static_cast<size_t>(hkv) * d), off(static_cast<size_t>(hkv) * c.max_pages);
         for (float& x : dir) x = nd(rng);
         for (float& x : off) x = 0.7f * nd(rng);
-        const size_t n = static_cast<size_t>(hkv) * cap * d;
-        c.k.resize(n);
-        c.v.resize(n);
-        for (int h = 0; h < hkv; ++h)
-            for (int t = 0; t < cap; ++t)
-                for (int i = 0; i < d; ++i) {
-                    const size_t at = (static_cast<size_t>(h) * cap + t) * d + i;
-                    c.k[at] = nd(rng) + off[static_cast<size_t>(h) * c.max_pages + t / s] * dir[h * d + i];
-                    c.v[at] = nd(rng);
-                }
-        std::vector<__half> hk = to_half(c.k), hv = to_half(c.v);
-        for (int h = 0; h < hkv; ++h)
-            for (int t = valid_len; t < cap; ++t)
-                for (int i = 0; i < d; ++i) {
-                    const size_t at = (static_cast<size_t>(h) * cap + t) * d + i;
-                    hk[at] = half_nan();
-                    hv[at] = half_nan();
-                }
-        for (int h = 0; h < hkv; ++h)
-            for (int t = 0; t < valid_len; ++t) {
-                const size_t m = (static_cast<size_t>(h) * c.max_pages + t / s) * d;
-                page_metadata_update_ref(&c.kmin[m], &c.kmax[m], &c.k[(static_cast<size_t>(h) * cap + t) * d], d,
-                                         t % s == 0);
-            }
-        c.dk = DeviceBuffer<__half>(n);
-        c.dv = DeviceBuffer<__half>(n);
-        c.dk.upload(hk);
-        c.dv.upload(hv);
+        test::PagedKv kv = test::random_paged_kv(rng, hkv, d, s, cap, c.max_pages, valid_len, dir, off, c.kmin, c.kmax);
+        c.k = std::move(kv.k);
+        c.v = std::move(kv.v);
+        c.dk = DeviceBuffer<__half>(c.k.size());
+        c.dv = DeviceBuffer<__half>(c.v.size());
+        c.dk.upload(kv.hk);
+        c.dv.upload(kv.hv);
     } else {
         const float mags[7] = {1.0f, 3e-6f, 2e-3f, 0.25f, 7.0f, 900.0f, 6000.0f};
         for (int h = 0; h < hkv; ++h)
