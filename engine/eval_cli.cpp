@@ -124,7 +124,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
                       "int4, S<page>, s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched), r<reuse cosine> "
                       "(e.g. two-level+s4+x4,quest+int8+S8,quest+int4+m,quest+r0.5)")
         ->capture_default_str();
-    cmd.run = [flags, passkey, ppl, jsonl]() -> int {
+    cmd.run = [flags, passkey, jsonl]() -> int {
         const EvalFlags& f = *flags;
         const ModelFolder model = open_model_folder(f.model);
         const Tokenizer tok(model.tokenizer_file());
