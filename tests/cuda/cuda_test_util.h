@@ -10,6 +10,7 @@
 #include "kernels/cuda_common.cuh"
 #include "kernels/device_buffer.h"
 #include "kernels/quest.h"
+#include "kernels/rope.cuh"
 #include "model/dtype.h"
 
 #define QUEST_REQUIRE_GPU()                                                                              \
@@ -69,6 +70,31 @@ inline __half half_nan() {
     r.x = 0xFFFF;
     return __half(r);
 }
+
+// One layer's KV cache and fp16 page metadata, on the host (fp16-exact floats) and on the device.
+struct LayerCache {
+    int hkv = 0, d = 0, s = 0, cap = 0, max_pages = 0;
+    std::vector<float> k, v;        // [hkv][cap][d] (empty without K/V)
+    std::vector<float> kmin, kmax;  // [hkv][max_pages][d]
+    DeviceBuffer<__half> dk, dv, dmin, dmax;
+    KvLayerView view() const {
+        KvLayerView kv;
+        kv.k = dk.get();
+        kv.v = dv.get();
+        kv.kmin = dmin.get();
+        kv.kmax = dmax.get();
+        kv.num_kv_heads = hkv;
+        kv.head_dim = d;
+        kv.capacity = cap;
+        kv.page_size = s;
+        kv.max_pages = max_pages;
+        return kv;
+    }
+    const float* kh(int h) const { return k.data() + static_cast<size_t>(h) * cap * d; }
+    const float* vh(int h) const { return v.data() + static_cast<size_t>(h) * cap * d; }
+    const float* mn(int h, int p) const { return kmin.data() + (static_cast<size_t>(h) * max_pages + p) * d; }
+    const float* mx(int h, int p) const { return kmax.data() + (static_cast<size_t>(h) * max_pages + p) * d; }
+};
 
 // Paged K/V for the Quest tests, [hkv][cap][d]: keys N(0,1) plus off[h][page] * dir[h] (so the pages' scores spread
 // out), values N(0,1), rounded to fp16 (k, v keep the rounded values the CPU reference sees); the fp16 copies hk, hv

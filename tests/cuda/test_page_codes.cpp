@@ -62,30 +62,7 @@ uint32_t bits_of(float x) {
 // Fixtures
 // ---------------------------------------------------------------------------------------------------------------------
 
-// One layer's KV cache and fp16 page metadata, on the host (fp16-exact floats) and on the device.
-struct Kv {
-    int hkv = 0, d = 0, s = 0, cap = 0, max_pages = 0;
-    std::vector<float> k, v;        // [hkv][cap][d] (empty without K/V)
-    std::vector<float> kmin, kmax;  // [hkv][max_pages][d]
-    DeviceBuffer<__half> dk, dv, dmin, dmax;
-    KvLayerView view() const {
-        KvLayerView kv;
-        kv.k = dk.get();
-        kv.v = dv.get();
-        kv.kmin = dmin.get();
-        kv.kmax = dmax.get();
-        kv.num_kv_heads = hkv;
-        kv.head_dim = d;
-        kv.capacity = cap;
-        kv.page_size = s;
-        kv.max_pages = max_pages;
-        return kv;
-    }
-    const float* kh(int h) const { return k.data() + static_cast<size_t>(h) * cap * d; }
-    const float* vh(int h) const { return v.data() + static_cast<size_t>(h) * cap * d; }
-    const float* mn(int h, int p) const { return kmin.data() + (static_cast<size_t>(h) * max_pages + p) * d; }
-    const float* mx(int h, int p) const { return kmax.data() + (static_cast<size_t>(h) * max_pages + p) * d; }
-};
+using Kv = test::LayerCache;
 
 // with_kv: keys N(0,1) plus a per-page offset along a per-KV-head direction (scores spread out), values N(0,1), the
 // metadata their pages' min/max. Without K/V the metadata is drawn directly, page by page, with magnitudes from

@@ -60,29 +60,7 @@ std::string describe(const Shape& s) {
     return buf;
 }
 
-// One layer's cache on the host (fp16-exact floats) and on the device.
-struct Cache {
-    int hkv = 0, d = 0, s = 0, cap = 0, max_pages = 0;
-    std::vector<float> k, v;        // [hkv][cap][d] (empty without K/V)
-    std::vector<float> kmin, kmax;  // [hkv][max_pages][d]
-    DeviceBuffer<__half> dk, dv, dmin, dmax;
-
-    KvLayerView view() const {
-        KvLayerView kv;
-        kv.k = dk.get();
-        kv.v = dv.get();
-        kv.kmin = dmin.get();
-        kv.kmax = dmax.get();
-        kv.num_kv_heads = hkv;
-        kv.head_dim = d;
-        kv.capacity = cap;
-        kv.page_size = s;
-        kv.max_pages = max_pages;
-        return kv;
-    }
-    const float* kh(int kvh) const { return k.data() + static_cast<size_t>(kvh) * cap * d; }
-    const float* vh(int kvh) const { return v.data() + static_cast<size_t>(kvh) * cap * d; }
-};
+using Cache = test::LayerCache;
 
 // Keys: N(0,1) plus a per-page offset along a per-KV-head direction (so the pages' scores spread out); values N(0,1).
 // Tokens < valid_len are valid and the metadata of their pages is their min/max (page_metadata_update_ref); on the
