@@ -205,9 +205,14 @@ void launch_split(__half* out, const __half* q, const KvLayerView& kv, const int
     if (smem > 48 * 1024)
         CUDA_CHECK(cudaFuncSetAttribute(decode_split_kernel<D, G>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
-    // Spans per KV head that fill every SM once (host-side occupancy query: no stream work, graph-safe).
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_split_kernel<D, G>, kThreads, smem));
+    // Spans per KV head that fill every SM once (host-side occupancy query: no stream work, graph-safe; asked once
+    // per shared-memory size and thread, not at every eager launch).
+    thread_local size_t cached_smem = 0;
+    thread_local int per_sm = 0;
+    if (cached_smem != smem) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_split_kernel<D, G>, kThreads, smem));
+        cached_smem = smem;
+    }
     const int wave_splits = std::max(1, per_sm * sm_count() / kv.num_kv_heads);
     launch_pdl(decode_split_kernel<D, G>, dim3(kv.num_kv_heads, ws.max_splits), dim3(kThreads), smem, stream, out, q, kv,
                d_pos, scale_log2, split_tokens, wave_splits, ws);
