@@ -43,6 +43,7 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, con
     constexpr int GROUPS = kThreads / LANES;
     constexpr int kUnroll = G <= 2 ? 8 : 4;  // rows of K (or V) loaded per token group before the first use
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int len = *d_pos + 1;
     if (len < 1 || len > kv.capacity) return;

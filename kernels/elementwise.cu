@@ -21,6 +21,7 @@ __device__ float block_sum(float v, float* red) {
 
 __global__ void embedding_kernel(float* out, const __half* table, const int* tokens, int dim, int vocab) {
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int t = blockIdx.x;
     const int token = tokens[t];
     float* o = out + static_cast<int64_t>(t) * dim;
@@ -34,6 +35,7 @@ __global__ void embedding_kernel(float* out, const __half* table, const int* tok
 
 __global__ void rms_norm_kernel(__half* out, float* x, const float* residual, const float* w, int n, float eps) {
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     __shared__ float red[32];
     const int64_t row = blockIdx.x;
     float* xr = x + row * n;
@@ -54,6 +56,7 @@ __global__ void rms_norm_kernel(__half* out, float* x, const float* residual, co
 
 __global__ void swiglu_kernel(__half* out, const float* gu, int F) {
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int64_t t = blockIdx.y;
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= F) return;
@@ -64,12 +67,14 @@ __global__ void swiglu_kernel(__half* out, const float* gu, int F) {
 
 __global__ void add_kernel(float* x, const float* y, int n) {
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 __global__ void advance_kernel(int* pos, int n) {
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     *pos += n;
 }
 

@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, (CodeCfg<D, GT, INT4>::MIN_BLOCKS)) 
     __shared__ __align__(16) uint2 s_mask[kWarps][GT * NP];   // per head and piece: the select masks of its 2 words
 
     pdl_wait();  // q, the position and the metadata come from the kernels before this one
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int len = *d_pos + 1;
     const int S = 1 << page_size_log2;
     const int P = (len + S - 1) >> page_size_log2;

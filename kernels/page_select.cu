@@ -6,6 +6,7 @@ namespace {
 __global__ void streaming_select_kernel(int* __restrict__ selected, const int* __restrict__ d_pos, int page_size,
                                         int page_budget) {
     pdl_wait();  // *d_pos is written by the host-side step setup or an earlier kernel
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int len = *d_pos + 1;
     const int pages = (len + page_size - 1) / page_size;
     int* row = selected + static_cast<int64_t>(blockIdx.x) * page_budget;

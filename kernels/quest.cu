@@ -314,6 +314,7 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
     __shared__ int s_digit, s_above;
 
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int tid = threadIdx.x;
     int* out = selected + static_cast<size_t>(blockIdx.x) * select_stride;
     const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
@@ -625,6 +626,7 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     __shared__ int s_last;
 
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
     // Pages of the row at this length: min(P, K), or the matched count (<= select_stride by the workspace's sizing).

@@ -257,21 +257,35 @@ void bench_quest() {
                 t_layer[fused] = time_ms([&](int i) { layer(i, fused, nullptr); });
                 report(tag + (fused ? " fused   1 layer" : " unfused 1 layer"), t_layer[fused], meta_bytes + sel_bytes);
             }
-            for (int fused = 1; fused >= 0; --fused) {
-                layer(0, fused, cap_stream);  // first-use attribute / occupancy queries outside the capture
+            // Time per layer of kLayers launches of `body` captured in one graph (PDL between them, as in the step).
+            auto graph_ms = [&](const std::function<void(int, cudaStream_t)>& body) {
+                body(0, cap_stream);  // first-use attribute / occupancy queries outside the capture
                 CUDA_CHECK(cudaStreamSynchronize(cap_stream));
                 cudaGraph_t graph;
                 cudaGraphExec_t exec;
                 CUDA_CHECK(cudaStreamBeginCapture(cap_stream, cudaStreamCaptureModeThreadLocal));
-                for (int l = 0; l < kLayers; ++l) layer(l, fused, cap_stream);
+                for (int l = 0; l < kLayers; ++l) body(l, cap_stream);
                 CUDA_CHECK(cudaStreamEndCapture(cap_stream, &graph));
                 CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
                 const double t = time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 30, 3) / kLayers;
-                report(tag + (fused ? " fused   graph x16, per layer" : " unfused graph x16, per layer"), t,
-                       meta_bytes + sel_bytes);
                 CUDA_CHECK(cudaGraphExecDestroy(exec));
                 CUDA_CHECK(cudaGraphDestroy(graph));
-            }
+                return t;
+            };
+            for (int fused = 1; fused >= 0; --fused)
+                report(tag + (fused ? " fused   graph x16, per layer" : " unfused graph x16, per layer"),
+                       graph_ms([&](int l, cudaStream_t st) { layer(l, fused, st); }), meta_bytes + sel_bytes);
+            // The stages' share of the unfused layer inside a graph: scores alone, then scores + top-k (the
+            // differences are what the top-k and the attention add to the critical path).
+            const double g_sc = graph_ms([&](int l, cudaStream_t st) {
+                quest_page_scores(qws.scores, q.get(), views[l % copies], pos.get(), NH, K, GqaPolicy::KvMax, st);
+            });
+            report("  " + tag + " graph x16: scores", g_sc, meta_bytes);
+            const double g_tk = graph_ms([&](int l, cudaStream_t st) {
+                quest_page_scores(qws.scores, q.get(), views[l % copies], pos.get(), NH, K, GqaPolicy::KvMax, st);
+                quest_top_k(qws.selected, qws.scores, pages, pos.get(), rows, S, K, st);
+            });
+            report("  " + tag + " graph x16: scores + top-k", g_tk, meta_bytes);
             // The kernels alone (the top-k and the attention read what the last launches left: valid inputs).
             const double t_sc = time_ms([&](int i) {
                 quest_page_scores(qws.scores, q.get(), views[i % copies], pos.get(), NH, K, GqaPolicy::KvMax, nullptr);
