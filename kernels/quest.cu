@@ -32,12 +32,6 @@ __device__ __forceinline__ int swz(int r, int c) {
         return c ^ ((r / (8 / CPR)) & (CPR - 1));
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-
 // Sequence length on the device and the derived page count; false when the length is outside the cache.
 __device__ __forceinline__ bool device_len(const int* d_pos, int page_size_log2, int max_pages, int& len, int& P) {
     len = *d_pos + 1;
@@ -593,8 +587,8 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
 constexpr int kAttnThreads = 128;
 constexpr int kAttnWarps = kAttnThreads / 32;
 constexpr int kMaxPagesPerSplit = 128;
+static_assert(kMaxPagesPerSplit <= kAttnThreads, "one page id per thread in the attention prologue");
 constexpr int kAttnMaxHeads = 8;
-constexpr int kMergeChunk = 64;  // splits per merge chunk (weights in shared memory)
 
 template <int D, int HB>
 struct AttnCfg {
@@ -620,22 +614,11 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     constexpr int LPT = C::LPT, TPW = C::TPW, TPB = C::TPB, U = C::U;
     __shared__ __align__(16) float s_o[kAttnWarps][HB][D];
     __shared__ float s_mw[kAttnWarps][HB], s_lw[kAttnWarps][HB];
-    __shared__ float s_m[HB], s_l[HB];
-    __shared__ float s_w[HB][kMergeChunk];  // merge weights of one chunk of splits
     __shared__ int s_pages[kMaxPagesPerSplit];
     __shared__ int s_last;
 
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
-    int len, P;
-    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
-    // Pages of the row at this length: min(P, K), or the matched count (<= select_stride by the workspace's sizing).
-    const int n_sel = min(codes::step_pages(len, 1 << page_size_log2, page_budget, match), select_stride);
-    const int ns = (n_sel + pages_per_split - 1) / pages_per_split;  // valid splits
-    const int split = blockIdx.x;
-    const int j0 = split * pages_per_split;
-    if (j0 >= n_sel) return;  // this split has no pages at this length
-    const int np = min(pages_per_split, n_sel - j0);
     const int G = num_heads / num_kv_heads;
     int row, kvh, h0, hb;
     if (per_head) {
@@ -654,9 +637,13 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int grp = lane / LPT, c = lane % LPT;  // token within the warp row, 16-byte piece within the token
     const int S = 1 << page_size_log2;
-
+    const int split = blockIdx.x;
+    const int j0 = split * pages_per_split;
+    // The split's page ids and the query are loaded together with the position, before the length is known (one
+    // dependent round trip less): entry j0 + tid of the row (pages_per_split <= kAttnThreads; entries past this
+    // step's count are never used). The grid is sized so that j0 < select_stride.
     const int* sel = selected + static_cast<size_t>(row) * select_stride + j0;
-    for (int i = tid; i < np; i += kAttnThreads) s_pages[i] = sel[i];
+    const int page_pre = tid < pages_per_split && j0 + tid < select_stride ? sel[tid] : 0;
     // This lane's 8 channels of every head's query, in log2 units.
     float qr[HB][8];
 #pragma unroll
@@ -670,6 +657,14 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
             for (int e = 0; e < 8; ++e) qr[g][e] = 0.0f;
         }
     }
+    int len, P;
+    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
+    // Pages of the row at this length: min(P, K), or the matched count (<= select_stride by the workspace's sizing).
+    const int n_sel = min(codes::step_pages(len, 1 << page_size_log2, page_budget, match), select_stride);
+    const int ns = (n_sel + pages_per_split - 1) / pages_per_split;  // valid splits
+    if (j0 >= n_sel) return;  // this split has no pages at this length
+    const int np = min(pages_per_split, n_sel - j0);
+    if (tid < np) s_pages[tid] = page_pre;
     __syncthreads();
 
     // Tokens of the split: np pages of S tokens, minus the tail beyond len of the last one (the partial last page).
@@ -817,76 +812,60 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     if (!s_last) return;
     __threadfence();
     if (tid == 0) counters[h0] = 0;  // ready for the next launch
-    // Per head (one warp each): the splits' (m, l), lanes over splits, combined into the largest max M and 1 / the
-    // total weight.
-    for (int g = warp; g < hb; g += kAttnWarps) {
-        const float* ml = part_ml + static_cast<size_t>(h0 + g) * max_splits * 2;
-        float mloc = -INFINITY, lloc = 0.0f;
-        for (int sp = lane; sp < ns; sp += 32) {
-            const float2 v = __ldcg(reinterpret_cast<const float2*>(ml + 2 * sp));
-            const float mn = fmaxf(mloc, v.x);
-            lloc = lloc * exp2f(mloc - mn) + v.y * exp2f(v.x - mn);  // mloc = -inf at first: exp2f(-inf) = 0
-            mloc = mn;
-        }
-        const float M = warp_max(mloc);
-        const float den = warp_sum(mloc == -INFINITY ? 0.0f : lloc * exp2f(mloc - M));
-        if (lane == 0) {
-            s_m[g] = M;
-            s_l[g] = 1.0f / den;
-        }
-    }
-    __syncthreads();
-    // out[g][d] = sum_s w[g][s] * o_s[g][d], w = l_s 2^(m_s - M) / den. Splits in chunks of kMergeChunk whose weights
-    // go to shared memory; each thread keeps OPT outputs and loads B splits' partials into registers at once, so that
-    // OPT * B independent loads are in flight (a plain loop would wait for each load in turn).
+    // out[g][d] = sum_s w_s o_s[g][d] / sum_s w_s with w_s = l_s 2^(m_s - M). Each thread merges its OPT outputs
+    // alone, online over chunks of NC splits whose (m, l) and partial outputs it loads at once (OPT * NC * 2
+    // independent loads in flight, no block barrier): one round trip to L2 when NC covers the splits (the MHA case:
+    // OPT = 1, NC = 16). The (m, l) loads of a head are the same address across the warp (one transaction).
     constexpr int OPT = (HB * D + kAttnThreads - 1) / kAttnThreads;
-    constexpr int B = OPT >= 16 ? 1 : 16 / OPT;
-    float accum[OPT];
+    constexpr int NC = OPT >= 16 ? 1 : 16 / OPT;  // splits per chunk
+    float M[OPT], L[OPT], O[OPT];
 #pragma unroll
-    for (int o2 = 0; o2 < OPT; ++o2) accum[o2] = 0.0f;
+    for (int o2 = 0; o2 < OPT; ++o2) {
+        M[o2] = -INFINITY;
+        L[o2] = 0.0f;
+        O[o2] = 0.0f;
+    }
 #pragma unroll 1
-    for (int s0 = 0; s0 < ns; s0 += kMergeChunk) {
-        const int cnt = min(kMergeChunk, ns - s0);
-        for (int i = tid; i < HB * kMergeChunk; i += kAttnThreads) {
-            const int g = i / kMergeChunk, j = i % kMergeChunk;
-            float w = 0.0f;
-            if (g < hb && j < cnt) {
-                const float2 v = __ldcg(
-                    reinterpret_cast<const float2*>(part_ml + (static_cast<size_t>(h0 + g) * max_splits + s0 + j) * 2));
-                w = v.y * exp2f(v.x - s_m[g]) * s_l[g];
-            }
-            s_w[g][j] = w;
-        }
-        __syncthreads();
-#pragma unroll 1
-        for (int j0 = 0; j0 < cnt; j0 += B) {
-            float val[OPT][B];
+    for (int s0 = 0; s0 < ns; s0 += NC) {
+        float2 ml[OPT][NC];
+        float po[OPT][NC];
 #pragma unroll
-            for (int o2 = 0; o2 < OPT; ++o2) {
-                const int idx = tid + o2 * kAttnThreads;
-                const int g = idx / D, d = idx % D;
+        for (int o2 = 0; o2 < OPT; ++o2) {
+            const int idx = tid + o2 * kAttnThreads;
+            const int g = min(idx / D, hb - 1), d = idx % D;
+            const size_t base = static_cast<size_t>(h0 + g) * max_splits + s0;
 #pragma unroll
-                for (int b = 0; b < B; ++b) {
-                    val[o2][b] = 0.0f;
-                    if (idx < hb * D && j0 + b < cnt)
-                        val[o2][b] =
-                            __ldcg(part_o + (static_cast<size_t>(h0 + g) * max_splits + s0 + j0 + b) * D + d);
+            for (int b = 0; b < NC; ++b) {
+                ml[o2][b] = make_float2(-INFINITY, 0.0f);
+                po[o2][b] = 0.0f;
+                if (idx < hb * D && s0 + b < ns) {
+                    ml[o2][b] = __ldcg(reinterpret_cast<const float2*>(part_ml + (base + b) * 2));
+                    po[o2][b] = __ldcg(part_o + (base + b) * D + d);
                 }
             }
-#pragma unroll
-            for (int o2 = 0; o2 < OPT; ++o2) {
-                const int g = min((tid + o2 * kAttnThreads) / D, HB - 1);
-#pragma unroll
-                for (int b = 0; b < B; ++b)
-                    if (j0 + b < cnt) accum[o2] = fmaf(s_w[g][j0 + b], val[o2][b], accum[o2]);
-            }
         }
-        __syncthreads();  // s_w is rewritten by the next chunk
+#pragma unroll
+        for (int o2 = 0; o2 < OPT; ++o2) {
+            float mc = M[o2];
+#pragma unroll
+            for (int b = 0; b < NC; ++b) mc = fmaxf(mc, ml[o2][b].x);
+            if (mc == -INFINITY) continue;  // nothing valid yet
+            const float f = M[o2] == -INFINITY ? 0.0f : exp2f(M[o2] - mc);
+            L[o2] *= f;
+            O[o2] *= f;
+#pragma unroll
+            for (int b = 0; b < NC; ++b) {
+                const float w = ml[o2][b].x == -INFINITY ? 0.0f : ml[o2][b].y * exp2f(ml[o2][b].x - mc);
+                L[o2] += w;
+                O[o2] = fmaf(w, po[o2][b], O[o2]);
+            }
+            M[o2] = mc;
+        }
     }
 #pragma unroll
     for (int o2 = 0; o2 < OPT; ++o2) {
         const int idx = tid + o2 * kAttnThreads;
-        if (idx < hb * D) out[static_cast<size_t>(h0) * D + idx] = __float2half_rn(accum[o2]);
+        if (idx < hb * D) out[static_cast<size_t>(h0) * D + idx] = __float2half_rn(O[o2] / L[o2]);
     }
 }
 
