@@ -226,7 +226,7 @@ void check_residual(std::mt19937& g, int rows, int cols, int group) {
     }
     // partials_capacity below what the launch needs is refused.
     r.partials_capacity = M.partials() - 1;
-    if (r.partials_capacity >= 0) EXPECT_THROW(M.residual(r, da.get(), nullptr), std::invalid_argument);
+    EXPECT_THROW(M.residual(r, da.get(), nullptr), std::invalid_argument);
 }
 
 }  // namespace
@@ -236,23 +236,26 @@ void check_residual(std::mt19937& g, int rows, int cols, int group) {
 TEST(CudaFused, ScaledGemvEqualsRmsNormThenGemv) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(41);
-    // Llama-2-7B qkv and o shapes; rows not a multiple of the FP16 block's 4 rows or the int4 tile's 2; one row;
-    // narrow rows (17 chunks of 8 columns; int4: 5 chunks of 32, one group of 64 over 3 segments).
-    for (auto [rows, cols] : {std::pair{4096, 4096}, {12288, 4096}, {32000, 4096}, {4102, 136}, {1, 64}, {7, 8}})
+    // Llama-2-7B qkv, o and lm_head shapes; rows not a multiple of the FP16 block's 4 rows or the int4 tile's 2
+    // (a last block with one row); narrow rows (17 chunks of 8 columns; int4: 5 chunks of 32, one group of 128, a
+    // group of 64 over 3 segments). Several rows each: the relative L2 error of a single short dot product has no
+    // useful bound (it can cancel to ~0).
+    for (auto [rows, cols] : {std::pair{4096, 4096}, {12288, 4096}, {32000, 4096}, {4102, 136}, {5, 64}, {7, 8}})
         check_scaled(g, rows, cols, 0, 2e-3);
-    for (auto [rows, cols, grp] : {std::tuple{4096, 4096, 128}, {12288, 4096, 128}, {4103, 160, 32}, {1, 128, 128},
-                                   {9001, 384, 128}, {37, 192, 64}, {5, 11008, 128}})
+    for (auto [rows, cols, grp] : {std::tuple{4096, 4096, 128}, {12288, 4096, 128}, {4103, 160, 32}, {9, 128, 128},
+                                   {9001, 384, 128}, {37, 192, 64}, {13, 11008, 128}})
         check_scaled(g, rows, cols, grp, 3e-3);
 }
 
 TEST(CudaFused, SwigluGemvEqualsRmsNormGemvSwiglu) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(42);
-    // 22016 = 2 x 11008 (Llama-2-7B gate+up); 4102 / 6 / 2 rows: the last FP16 block holds one gate/up pair.
-    for (auto [rows, cols] : {std::pair{22016, 4096}, {4102, 136}, {6, 40}, {2, 8}})
+    // 22016 = 2 x 11008 (Llama-2-7B gate+up); 4102 / 38 rows: the last FP16 block holds one gate/up pair; int4:
+    // more tiles than warps, one group per row.
+    for (auto [rows, cols] : {std::pair{22016, 4096}, {4102, 136}, {38, 40}, {18, 8}})
         check_swiglu(g, rows, cols, 0, 3e-3);
     for (auto [rows, cols, grp] :
-         {std::tuple{22016, 4096, 128}, {4102, 160, 32}, {2, 128, 128}, {9002, 384, 128}, {38, 192, 64}})
+         {std::tuple{22016, 4096, 128}, {4102, 160, 32}, {18, 128, 128}, {9002, 384, 128}, {38, 192, 64}})
         check_swiglu(g, rows, cols, grp, 5e-3);
 }
 
