@@ -39,6 +39,7 @@ CudaOptions cuda_options(const BackendOptions& o) {
     CudaOptions c;
     c.use_graph = o.cuda_graph;
     c.quest_fused = o.quest_fused;
+    c.fused_epilogues = o.cuda_fused_epilogues;
     c.memory_limit = o.memory_limit;
     c.profile = o.profile;
     c.int4_group = o.weights == BackendOptions::WeightFormat::Int4   ? o.int4_group

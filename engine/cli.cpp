@@ -51,6 +51,7 @@ struct ModelFlags {
     bool match_bytes = false;
     bool no_graph = false;
     bool quest_fused = false;
+    bool unfused_norms = false;
     bool profile = false;
     std::string memory_limit;  // --memory-limit: "" = what the device (or host) has free
 
@@ -82,6 +83,9 @@ struct ModelFlags {
                        "head's cosine to its query at that selection is >= this (0 = off, -1 = always; CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
+        app.add_flag("--unfused-norms", unfused_norms,
+                     "cuda: run the decode step's RMSNorms and SwiGLU as separate kernels instead of in the GEMV "
+                     "epilogues (for comparison)");
         app.add_flag("--quest-fused", quest_fused,
                      "cuda: Quest layers score pages and select the top-k in one launch (measured slower at 32K on "
                      "the H200 than the default separate launches; docs/measurements.md)");
@@ -97,6 +101,7 @@ struct ModelFlags {
         o.quest = quest_settings();
         o.cuda_graph = !no_graph;
         o.quest_fused = quest_fused;
+        o.cuda_fused_epilogues = !unfused_norms;
         o.profile = profile;
         o.memory_limit = memory_limit.empty() ? 0 : parse_byte_size(memory_limit, "--memory-limit");
         return o;

@@ -6,6 +6,7 @@
 #include <cuda_fp16.h>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/gemv_epilogue.h"
 
 namespace quest {
 
@@ -96,6 +97,128 @@ __device__ __forceinline__ void gemv_store_rows(float* y, const float (&acc)[R],
             if (row0 + lane < rows) y[row0 + lane] = sum;
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Fused epilogues of the batch-1 GEMV kernels (kernels/gemv_epilogue.h says what each computes and why). A kernel
+// template takes the kind as a parameter and a GemvEpi by value; Store is the plain y[r] = sum.
+enum class GemvEpilogue : int {
+    Store = 0,     // y[r] = sum
+    Scale = 1,     // y[r] = sum * inv (inv from NormScale)
+    SwiGLU = 2,    // rows interleaved (2i gate_i, 2i + 1 up_i): act[i] = fp16(silu(gate * inv) * (up * inv))
+    Residual = 3,  // ResidualNorm: x[r] += sum, xg[r] = fp16(x[r] g[r]), ss = sum of x^2 over the grid
+};
+
+struct GemvEpi {
+    NormScale norm;     // Scale, SwiGLU
+    __half* act = nullptr;  // SwiGLU: [rows / 2]
+    ResidualNorm res;   // Residual
+};
+
+// Sum over the block, the same value in every thread, in a fixed order (deterministic for a given blockDim). Every
+// thread of the block must call it; it may be called repeatedly.
+__device__ __forceinline__ float block_sum_fixed(float v) {
+    __shared__ float red[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // red may still be read by a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = lane < warps ? red[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// inv = rsqrtf(ss / n + eps). Read after pdl_wait() (ss is written by the previous kernel).
+__device__ __forceinline__ float epi_inv_rms(const NormScale& n) {
+    return rsqrtf(*n.ss / static_cast<float>(n.n) + n.eps);
+}
+
+// silu(g) * u, as the swiglu kernel (kernels/elementwise.cu) computes it.
+__device__ __forceinline__ float epi_silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+
+// Residual row r with its GEMV sum: x[r] += sum, xg[r] = fp16(x[r] g[r]); returns the updated x[r]^2. x is read
+// and written by this thread only (after pdl_wait: the previous kernels wrote and read it).
+__device__ __forceinline__ float epi_residual_row(const ResidualNorm& e, int r, float sum) {
+    const float v = e.x[r] + sum;
+    e.x[r] = v;
+    e.xg[r] = __float2half_rn(v * __ldg(e.g + r));
+    return v * v;
+}
+
+// End of a Residual launch: v is this thread's share of the sum of squares (0 for threads without rows). The block's
+// sum goes to partials[blockIdx.x]; the last block to finish (a ticket on the counter, after a fence) adds the
+// partials in block order, writes *ss and puts the counter back to zero. Deterministic: the same grid adds the same
+// numbers in the same order whatever the blocks' finishing order. Every thread of every block must call it.
+__device__ __forceinline__ void epi_residual_finish(const ResidualNorm& e, float v) {
+    __shared__ bool last;
+    const float b = block_sum_fixed(v);
+    if (threadIdx.x == 0) {
+        e.partials[blockIdx.x] = b;
+        __threadfence();  // the partial is visible to every block before the ticket is taken
+        last = atomicAdd(e.counter, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;  // (block-uniform)
+    __threadfence();
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < static_cast<int>(gridDim.x); i += blockDim.x) s += __ldcg(e.partials + i);
+    s = block_sum_fixed(s);
+    if (threadIdx.x == 0) {
+        *e.ss = s;
+        *e.counter = 0;  // zero again for the next launch (stream-ordered after this one) and for graph replay
+    }
+}
+
+// Fused epilogue of the block-per-rows GEMV (kernels/gemv.cu): as gemv_store_rows (the same sums in the same order),
+// then the epilogue E applied by lane 0 of the row group's first warp (seg 0), which holds all R sums. inv: the
+// NormScale factor (Scale, SwiGLU). Every thread of the block must call it (barriers with KS > 1 or Residual).
+template <int R, int W, int KS, GemvEpilogue E>
+__device__ __forceinline__ void gemv_epilogue_rows(float* y, const float (&acc)[R], int row0, int rows, int warp,
+                                                   int seg, int lane, const GemvEpi& e, float inv) {
+    static_assert(E != GemvEpilogue::Store, "Store: gemv_store_rows");
+    static_assert(E != GemvEpilogue::SwiGLU || R % 2 == 0, "SwiGLU needs the gate and up rows in one warp");
+    float sum[R];
+    bool owner;
+    if constexpr (KS == 1) {
+#pragma unroll
+        for (int r = 0; r < R; ++r) sum[r] = warp_sum(acc[r]);
+        owner = lane == 0;
+    } else {
+        __shared__ float part[W][R];
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            const float s = warp_sum(acc[r]);
+            if (lane == 0) part[warp][r] = s;
+        }
+        __syncthreads();
+        owner = seg == 0 && lane == 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+            float s = 0.0f;
+            if (owner) {
+#pragma unroll
+                for (int k = 0; k < KS; ++k) s += part[warp + k][r];
+            }
+            sum[r] = s;
+        }
+    }
+    float sq = 0.0f;
+    if (owner) {
+        if constexpr (E == GemvEpilogue::SwiGLU) {  // rows even, row0 even: row r + 1 exists when row r does
+#pragma unroll
+            for (int r = 0; r < R; r += 2)
+                if (row0 + r < rows)
+                    e.act[(row0 + r) >> 1] = __float2half_rn(epi_silu_mul(sum[r] * inv, sum[r + 1] * inv));
+        } else {
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                if (row0 + r >= rows) break;
+                if constexpr (E == GemvEpilogue::Scale) y[row0 + r] = sum[r] * inv;
+                else sq += epi_residual_row(e.res, row0 + r, sum[r]);
+            }
+        }
+    }
+    if constexpr (E == GemvEpilogue::Residual) epi_residual_finish(e.res, sq);
 }
 
 }  // namespace quest

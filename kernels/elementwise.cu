@@ -33,6 +33,24 @@ __global__ void embedding_kernel(float* out, const __half* table, const int* tok
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __half2float(row[i]);
 }
 
+// One block: the decode step's token (T = 1). ss in a fixed order (block_sum_fixed).
+__global__ void embedding_norm_prep_kernel(float* x, __half* xg, float* ss, const __half* table, const int* tokens,
+                                           const float* g, int dim, int vocab) {
+    pdl_wait();
+    const int token = tokens[0];
+    const bool bad = token < 0 || token >= vocab;
+    const __half* row = table + static_cast<int64_t>(bad ? 0 : token) * dim;
+    float sq = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        const float v = bad ? __int_as_float(0x7fffffff) : __half2float(row[i]);
+        x[i] = v;
+        xg[i] = __float2half_rn(v * g[i]);
+        sq += v * v;
+    }
+    const float total = block_sum_fixed(sq);
+    if (threadIdx.x == 0) *ss = total;
+}
+
 __global__ void rms_norm_kernel(__half* out, float* x, const float* residual, const float* w, int n, float eps) {
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
@@ -65,6 +83,15 @@ __global__ void swiglu_kernel(__half* out, const float* gu, int F) {
     out[t * F + i] = __float2half_rn(g / (1.0f + expf(-g)) * u);
 }
 
+__global__ void swiglu_interleaved_kernel(__half* out, const float* gu, int F) {
+    pdl_wait();
+    const int64_t t = blockIdx.y;
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= F) return;
+    const float2 v = reinterpret_cast<const float2*>(gu + t * 2 * F)[i];  // (gate_i, up_i)
+    out[t * F + i] = __float2half_rn(epi_silu_mul(v.x, v.y));
+}
+
 __global__ void add_kernel(float* x, const float* y, int n) {
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
@@ -89,7 +116,9 @@ __device__ __forceinline__ float load_as_float(const void* src, DType t, size_t 
     }
 }
 
-__global__ void convert_kernel(__half* dst, const void* src, DType t, size_t n, unsigned long long* overflow) {
+// Element i of src (row i / cols, column i % cols) goes to dst[(i / cols) * pitch + i % cols].
+__global__ void convert_kernel(__half* dst, const void* src, DType t, size_t n, size_t cols, size_t pitch,
+                               unsigned long long* overflow) {
     unsigned long long local = 0;
     for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
         float v = load_as_float(src, t, i);
@@ -99,7 +128,7 @@ __global__ void convert_kernel(__half* dst, const void* src, DType t, size_t n, 
             ++local;
             v = copysignf(65504.0f, v);
         }
-        dst[i] = __float2half_rn(v);
+        dst[pitch == cols ? i : (i / cols) * pitch + i % cols] = __float2half_rn(v);
     }
     if (local) atomicAdd(overflow, local);
 }
@@ -152,6 +181,18 @@ void swiglu(__half* out, const float* gu, int T, int F, cudaStream_t stream) {
     launch_pdl(swiglu_kernel, dim3(ceil_div(F, 256), T), dim3(256), 0, stream, out, gu, F);
 }
 
+void swiglu_interleaved(__half* out, const float* gu, int T, int F, cudaStream_t stream) {
+    QUEST_REQUIRE(out && gu && T > 0 && F > 0 && is_aligned(gu, 8), "swiglu_interleaved: bad arguments");
+    launch_pdl(swiglu_interleaved_kernel, dim3(ceil_div(F, 256), T), dim3(256), 0, stream, out, gu, F);
+}
+
+void embedding_norm_prep(float* x, __half* xg, float* ss, const __half* table, const int* token, const float* g,
+                         int dim, int vocab, cudaStream_t stream) {
+    QUEST_REQUIRE(x && xg && ss && table && token && g && dim > 0 && vocab > 0, "embedding_norm_prep: bad arguments");
+    const int threads = dim >= 1024 ? 1024 : ((dim + 31) / 32) * 32;
+    launch_pdl(embedding_norm_prep_kernel, dim3(1), dim3(threads), 0, stream, x, xg, ss, table, token, g, dim, vocab);
+}
+
 void add_inplace(float* x, const float* y, int n, cudaStream_t stream) {
     launch_pdl(add_kernel, dim3(ceil_div(n, 256)), dim3(256), 0, stream, x, y, n);
 }
@@ -164,7 +205,18 @@ void convert_to_half(__half* dst, const void* src, DType src_type, size_t n, uns
                      cudaStream_t stream) {
     QUEST_REQUIRE(src_type == DType::F32 || src_type == DType::F16 || src_type == DType::BF16,
                   "convert_to_half: source must be F32, F16 or BF16");
-    convert_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, src, src_type, n, overflow);
+    convert_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, src, src_type, n, n, n, overflow);
+    CUDA_CHECK_LAUNCH();
+}
+
+void convert_to_half_rows(__half* dst, size_t dst_pitch, const void* src, DType src_type, size_t rows, size_t cols,
+                          unsigned long long* overflow, cudaStream_t stream) {
+    QUEST_REQUIRE(src_type == DType::F32 || src_type == DType::F16 || src_type == DType::BF16,
+                  "convert_to_half_rows: source must be F32, F16 or BF16");
+    QUEST_REQUIRE(dst && src && overflow && rows > 0 && cols > 0 && dst_pitch >= cols,
+                  "convert_to_half_rows: bad arguments");
+    const size_t n = rows * cols;
+    convert_kernel<<<grid_for(n, 256), 256, 0, stream>>>(dst, src, src_type, n, cols, dst_pitch, overflow);
     CUDA_CHECK_LAUNCH();
 }
 

@@ -27,10 +27,12 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
 // (column segments, reduced through shared memory) and each warp carries R rows, so one load of x serves R rows.
 // Lane l of a warp reads chunks l, l+32, ... of its segment, U per row in one batch; the next batch is issued
 // before the current one is consumed. The first batch is issued before pdl_wait(): weights never change, so they
-// stream in while the previous kernel in the graph finishes.
-template <int R, int U, int W, int KS>
+// stream in while the previous kernel in the graph finishes. E: the epilogue (kernels/device_utils.cuh, GemvEpi e);
+// Store writes y, the fused kinds run after the same sums (all their reads and writes of x, xg, ss, act come after
+// pdl_wait()).
+template <int R, int U, int W, int KS, GemvEpilogue E = GemvEpilogue::Store>
 __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half* Wt, const __half* x, int rows,
-                                                          int cols) {
+                                                          int cols, GemvEpi e) {
     static_assert(W % KS == 0, "warps must split evenly into column segments");
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int seg = warp % KS;
@@ -72,12 +74,19 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
 #pragma unroll
             for (int r = 0; r < R; ++r) cur[u][r] = nxt[u][r];
     }
-    gemv_store_rows<R, W, KS>(y, acc, row0, rows, warp, seg, lane);
+    if constexpr (E == GemvEpilogue::Store) {
+        gemv_store_rows<R, W, KS>(y, acc, row0, rows, warp, seg, lane);
+    } else {
+        const float inv = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU ? epi_inv_rms(e.norm) : 1.0f;
+        gemv_epilogue_rows<R, W, KS, E>(y, acc, row0, rows, warp, seg, lane, e, inv);
+    }
 }
+
+using GemvKernel = void (*)(float*, const __half*, const __half*, int, int, GemvEpi);
 
 struct GemvVariant {
     const char* name;
-    void (*kernel)(float*, const __half*, const __half*, int, int);
+    GemvKernel kernel;
     int rows_per_block;
     int threads;
 };
@@ -87,7 +96,7 @@ struct GemvVariant {
 // Candidates measured by quest_kernel_bench; variant 0 is the one gemv() uses (docs/measurements.md says why).
 // H200, 7B shapes (2026-11-29): R2 U4 W8 KS4 was the fastest or within 1% of it on all five shapes.
 const GemvVariant kVariants[] = {
-    QUEST_GEMV_VARIANT(2, 4, 8, 4), QUEST_GEMV_VARIANT(2, 4, 4, 1), QUEST_GEMV_VARIANT(1, 4, 8, 1),
+    QUEST_GEMV_VARIANT(2, 4, 8, 4) /* = kFused* */, QUEST_GEMV_VARIANT(2, 4, 4, 1), QUEST_GEMV_VARIANT(1, 4, 8, 1),
     QUEST_GEMV_VARIANT(1, 8, 4, 1), QUEST_GEMV_VARIANT(2, 8, 4, 1), QUEST_GEMV_VARIANT(4, 4, 4, 1),
     QUEST_GEMV_VARIANT(1, 4, 8, 2), QUEST_GEMV_VARIANT(1, 8, 8, 4),
 };
@@ -95,7 +104,26 @@ const GemvVariant kVariants[] = {
 
 void launch_variant(const GemvVariant& v, float* y, const __half* W, const __half* x, int rows, int cols,
                     cudaStream_t stream) {
-    launch_pdl(v.kernel, dim3(ceil_div(rows, v.rows_per_block)), dim3(v.threads), 0, stream, y, W, x, rows, cols);
+    launch_pdl(v.kernel, dim3(ceil_div(rows, v.rows_per_block)), dim3(v.threads), 0, stream, y, W, x, rows, cols,
+               GemvEpi{});
+}
+
+// The fused epilogues run on variant 0's tiling (kFused* below must match kVariants[0]).
+constexpr int kFusedR = 2, kFusedU = 4, kFusedW = 8, kFusedKS = 4;
+constexpr int kFusedRowsPerBlock = (kFusedW / kFusedKS) * kFusedR;
+
+template <GemvEpilogue E>
+void launch_fused(float* y, const __half* W, const __half* x, int rows, int cols, const GemvEpi& e,
+                  cudaStream_t stream) {
+    launch_pdl(gemv_vec_kernel<kFusedR, kFusedU, kFusedW, kFusedKS, E>, dim3(ceil_div(rows, kFusedRowsPerBlock)),
+               dim3(kFusedW * 32), 0, stream, y, W, x, rows, cols, e);
+}
+
+void check_fused(const __half* W, const __half* x, int rows, int cols, const NormScale* n, const char* who) {
+    QUEST_REQUIRE(W && x && rows > 0 && cols > 0, std::string(who) + ": bad arguments");
+    QUEST_REQUIRE(gemv_fused_supported(W, x, cols),
+                  std::string(who) + ": needs cols % 8 == 0 and 16-byte aligned W and x (else rms_norm + gemv)");
+    if (n) QUEST_REQUIRE(n->ss && n->n > 0, std::string(who) + ": bad NormScale");
 }
 
 // Any cols (tiny models such as stories260K, whose MLP width 172 is not a multiple of 8): scalar loads.
@@ -132,6 +160,43 @@ void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, i
     QUEST_REQUIRE(y && W && x && rows > 0 && cols > 0 && cols % 8 == 0 && is_aligned(W, 16) && is_aligned(x, 16),
                   "gemv_variant: needs cols % 8 == 0 and 16-byte aligned W and x");
     launch_variant(kVariants[v], y, W, x, rows, cols, stream);
+}
+
+bool gemv_fused_supported(const __half* W, const __half* x, int cols) {
+    return cols > 0 && cols % 8 == 0 && is_aligned(W, 16) && is_aligned(x, 16);
+}
+
+void gemv_scaled(float* y, const __half* W, const __half* xg, int rows, int cols, const NormScale& norm,
+                 cudaStream_t stream) {
+    check_fused(W, xg, rows, cols, &norm, "gemv_scaled");
+    QUEST_REQUIRE(y, "gemv_scaled: bad arguments");
+    GemvEpi e;
+    e.norm = norm;
+    launch_fused<GemvEpilogue::Scale>(y, W, xg, rows, cols, e, stream);
+}
+
+void gemv_swiglu(__half* act, const __half* W, const __half* xg, int rows, int cols, const NormScale& norm,
+                 cudaStream_t stream) {
+    check_fused(W, xg, rows, cols, &norm, "gemv_swiglu");
+    QUEST_REQUIRE(act && rows % 2 == 0, "gemv_swiglu: act and an even number of (interleaved) rows are required");
+    GemvEpi e;
+    e.norm = norm;
+    e.act = act;
+    launch_fused<GemvEpilogue::SwiGLU>(nullptr, W, xg, rows, cols, e, stream);
+}
+
+int gemv_residual_partials(int rows) { return ceil_div(rows, kFusedRowsPerBlock); }
+
+void gemv_residual(const ResidualNorm& out, const __half* W, const __half* x, int rows, int cols,
+                   cudaStream_t stream) {
+    check_fused(W, x, rows, cols, nullptr, "gemv_residual");
+    QUEST_REQUIRE(out.x && out.xg && out.g && out.ss && out.partials && out.counter && is_aligned(out.xg, 16),
+                  "gemv_residual: bad ResidualNorm");
+    QUEST_REQUIRE(out.partials_capacity >= gemv_residual_partials(rows),
+                  "gemv_residual: partials_capacity < gemv_residual_partials(rows)");
+    GemvEpi e;
+    e.res = out;
+    launch_fused<GemvEpilogue::Residual>(nullptr, W, x, rows, cols, e, stream);
 }
 
 void gemm_cublas(cublasHandle_t handle, float* Y, const __half* W, const __half* X, int T, int rows, int cols,

@@ -4,6 +4,7 @@
 #include <cublas_v2.h>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/gemv_epilogue.h"
 
 namespace quest {
 
@@ -16,6 +17,24 @@ void gemv(float* y, const __half* W, const __half* x, int rows, int cols, cudaSt
 int gemv_variant_count();
 const char* gemv_variant_name(int v);
 void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream);
+
+// The decode step's fused epilogues (kernels/gemv_epilogue.h) on variant 0's kernel: the same row sums as gemv(),
+// then
+//   gemv_scaled:   y[r] = inv * (W xg)[r]                                    (qkv, lm_head)
+//   gemv_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i, rows = 2 F even):
+//                  act[i] = fp16(silu(inv (W xg)[2i]) * inv (W xg)[2i + 1])    (gate+up; act [rows / 2])
+//   gemv_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), ss = sum x^2   (o, down)
+// with inv = rsqrtf(*norm.ss / norm.n + eps). Each needs gemv_fused_supported (cols % 8 == 0, 16-byte aligned W and
+// input; else the model keeps rms_norm / swiglu / gemv). No allocation or synchronisation (graph-safe).
+bool gemv_fused_supported(const __half* W, const __half* x, int cols);
+void gemv_scaled(float* y, const __half* W, const __half* xg, int rows, int cols, const NormScale& norm,
+                 cudaStream_t stream);
+void gemv_swiglu(__half* act, const __half* W, const __half* xg, int rows, int cols, const NormScale& norm,
+                 cudaStream_t stream);
+void gemv_residual(const ResidualNorm& out, const __half* W, const __half* x, int rows, int cols,
+                   cudaStream_t stream);
+// Blocks of a gemv_residual launch with `rows` rows: the ResidualNorm::partials it needs.
+int gemv_residual_partials(int rows);
 
 // cuBLAS: Y[T][rows] = X[T][cols] W^T (fp16 inputs, fp32 accumulation and output). Prefill, and the batch-1
 // baseline the custom gemv is measured against.

@@ -216,12 +216,18 @@ struct TileRows {  // the rows of the tile being loaded (rows past the end re-re
     }
 };
 
-template <int R, int U, int W, int WPS, int MINW>
+//
+// Epilogue E (kernels/device_utils.cuh, GemvEpi e): Store writes y; the fused kinds (gemv_int4_scaled / _swiglu /
+// _residual) take the same tile sums, applied by lane 0 when a tile completes (SwiGLU: R even, a tile's rows 2i,
+// 2i + 1 are gate_i, up_i); Residual adds each warp's x^2 in lane 0 and the grid's sum is formed at the end by every
+// thread (warps without a tile included). All their reads and writes of ss, x, xg, act come after pdl_wait().
+template <int R, int U, int W, int WPS, int MINW, GemvEpilogue E = GemvEpilogue::Store>
 __global__ void __launch_bounds__(W * 32, MINW / W)
     gemv_int4_stream_kernel(float* __restrict__ y, const uint32_t* __restrict__ qw, const __half* __restrict__ sc,
                             const uint8_t* __restrict__ zp, const __half* __restrict__ x, int rows, int cols,
-                            int cpg_shift) {
+                            int cpg_shift, GemvEpi e) {
     static_assert(WPS % W == 0 && MINW % W == 0, "whole blocks per SM");
+    static_assert(E != GemvEpilogue::SwiGLU || R % 2 == 0, "SwiGLU needs the gate and up rows in one tile");
     extern __shared__ uint4 xs[];  // [4][chunks], see above
     const int lane = threadIdx.x & 31;
     const int chunks = cols >> 5, groups = chunks >> cpg_shift;
@@ -252,12 +258,17 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int i = threadIdx.x; i < chunks * 4; i += W * 32) xs[(i & 3) * chunks + (i >> 2)] = xv[i];
     __syncthreads();
-    if (!active) return;
+    if constexpr (E != GemvEpilogue::Residual) {
+        if (!active) return;
+    }
+    [[maybe_unused]] const float inv =
+        E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU ? epi_inv_rms(e.norm) : 1.0f;
+    [[maybe_unused]] float sq = 0.0f;  // Residual: this warp's x^2 (lane 0)
 
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-    for (;;) {
+    while (active) {
         // The item whose loads replace the current one's as it is consumed.
         int tn = t, bn = b + 1;
         if (bn == batches) {
@@ -284,17 +295,43 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
             for (int r = 0; r < R; ++r) src.load(r, cn, slot_next, cpg_shift, in_next, q[u][r], s[u][r], z[u][r]);
         }
         if (bn == 0) {  // tile t is complete (warp-uniform branch)
+            if constexpr (E == GemvEpilogue::Store) {
 #pragma unroll
-            for (int r = 0; r < R; ++r) {
-                const float sum = warp_sum(acc[r]);
-                if (lane == 0 && t * R + r < rows) y[t * R + r] = sum;
-                acc[r] = 0.0f;
+                for (int r = 0; r < R; ++r) {
+                    const float sum = warp_sum(acc[r]);
+                    if (lane == 0 && t * R + r < rows) y[t * R + r] = sum;
+                    acc[r] = 0.0f;
+                }
+            } else {
+                float sum[R];
+#pragma unroll
+                for (int r = 0; r < R; ++r) {
+                    sum[r] = warp_sum(acc[r]);
+                    acc[r] = 0.0f;
+                }
+                if (lane == 0) {
+                    if constexpr (E == GemvEpilogue::SwiGLU) {  // rows even: row t R + r + 1 exists with row t R + r
+#pragma unroll
+                        for (int r = 0; r < R; r += 2)
+                            if (t * R + r < rows)
+                                e.act[(t * R + r) >> 1] =
+                                    __float2half_rn(epi_silu_mul(sum[r] * inv, sum[r + 1] * inv));
+                    } else {
+#pragma unroll
+                        for (int r = 0; r < R; ++r) {
+                            if (t * R + r >= rows) break;
+                            if constexpr (E == GemvEpilogue::Scale) y[t * R + r] = sum[r] * inv;
+                            else sq += epi_residual_row(e.res, t * R + r, sum[r]);
+                        }
+                    }
+                }
             }
         }
         if (!more) break;
         t = tn;
         b = bn;
     }
+    if constexpr (E == GemvEpilogue::Residual) epi_residual_finish(e.res, lane == 0 ? sq : 0.0f);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -886,7 +923,25 @@ void launch_stream(float* y, const Int4View& M, const __half* x, cudaStream_t st
         return;
     }
     launch_pdl(gemv_int4_stream_kernel<R, U, W, WPS, MINW>, dim3(persistent_blocks(ceil_div(M.rows, R), W, WPS)),
-               dim3(W * 32), smem, stream, y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group));
+               dim3(W * 32), smem, stream, y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group),
+               GemvEpi{});
+}
+
+// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run on the stream kernel with kDefaultVariant's
+// parameters, "stream R2 U4 W8 S16" (kFusedVariant below; a static_assert ties the two). No legacy fall-back: the
+// launchers require x in shared memory (gemv_int4_fused_available).
+constexpr int kFusedR = 2, kFusedU = 4, kFusedW = 8, kFusedWPS = 16, kFusedMINW = 16;
+
+size_t fused_smem(const Int4View& M) { return static_cast<size_t>(M.cols) * sizeof(__half); }
+// x (dynamic) plus the epilogue's static shared memory (block_sum_fixed, the last-block flag) within 48 KB.
+bool fused_fits(const Int4View& M) { return fused_smem(M) + 256 <= kStreamMaxSmem; }
+int fused_blocks(const Int4View& M) { return persistent_blocks(ceil_div(M.rows, kFusedR), kFusedW, kFusedWPS); }
+
+template <GemvEpilogue E>
+void launch_fused(float* y, const Int4View& M, const __half* x, const GemvEpi& e, cudaStream_t stream) {
+    launch_pdl(gemv_int4_stream_kernel<kFusedR, kFusedU, kFusedW, kFusedWPS, kFusedMINW, E>, dim3(fused_blocks(M)),
+               dim3(kFusedW * 32), fused_smem(M), stream, y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols,
+               chunk_shift(M.group), e);
 }
 
 constexpr int kAsyncMaxSmem = 100 * 1024;  // per block: x + the warps' rings
@@ -1037,6 +1092,10 @@ const Int4Variant kVariants[] = {
 // (variant 0: 65.5 / 39.7 / 67.8 / 54.6%); whole int4 step 0.6-1.2% faster than with variant 0 at 4K and 32K. The
 // seg and mma kernels were slower (fewer instructions per weight, fewer bytes in flight).
 constexpr int kDefaultVariant = 5;
+// The variant whose kernel has the fused epilogues (launch_fused above: the same template arguments).
+constexpr int kFusedVariant = 5;
+static_assert(kFusedR == 2 && kFusedU == 4 && kFusedW == 8 && kFusedWPS == 16 && kFusedMINW == 16,
+              "launch_fused must run kVariants[kFusedVariant], stream R2 U4 W8 S16");
 
 void check_view(const Int4View& W, const char* who) {
     QUEST_REQUIRE(W.qweight && W.scales && W.zeros && W.rows > 0 && W.cols > 0, std::string(who) + ": bad arguments");
@@ -1145,6 +1204,59 @@ void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cuda
     check_view(W, "gemv_int4_variant");
     QUEST_REQUIRE(y && x && is_aligned(x, 16), "gemv_int4_variant: y and a 16-byte aligned x are required");
     kVariants[v].launch(y, W, x, stream);
+}
+
+int gemv_int4_fused_variant() { return kFusedVariant; }
+
+bool gemv_int4_fused_available(const Int4View& W) {
+    return gemv_int4_default_variant() == kFusedVariant && gemv_int4_fused_supported(W);
+}
+
+bool gemv_int4_fused_supported(const Int4View& W) {
+    return W.valid() && W.group >= 32 && (W.group & (W.group - 1)) == 0 && W.cols > 0 && W.cols % W.group == 0 &&
+           fused_fits(W);
+}
+
+namespace {
+void check_fused(const Int4View& W, const __half* x, const NormScale* n, const char* who) {
+    check_view(W, who);
+    QUEST_REQUIRE(x && is_aligned(x, 16), std::string(who) + ": a 16-byte aligned input is required");
+    QUEST_REQUIRE(fused_fits(W), std::string(who) + ": x does not fit in shared memory (cols too large)");
+    if (n) QUEST_REQUIRE(n->ss && n->n > 0, std::string(who) + ": bad NormScale");
+}
+}  // namespace
+
+void gemv_int4_scaled(float* y, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream) {
+    check_fused(W, xg, &norm, "gemv_int4_scaled");
+    QUEST_REQUIRE(y, "gemv_int4_scaled: bad arguments");
+    GemvEpi e;
+    e.norm = norm;
+    launch_fused<GemvEpilogue::Scale>(y, W, xg, e, stream);
+}
+
+void gemv_int4_swiglu(__half* act, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream) {
+    check_fused(W, xg, &norm, "gemv_int4_swiglu");
+    QUEST_REQUIRE(act && W.rows % 2 == 0, "gemv_int4_swiglu: act and an even number of (interleaved) rows are required");
+    GemvEpi e;
+    e.norm = norm;
+    e.act = act;
+    launch_fused<GemvEpilogue::SwiGLU>(nullptr, W, xg, e, stream);
+}
+
+int gemv_int4_residual_partials(const Int4View& W) {
+    QUEST_REQUIRE(W.rows > 0, "gemv_int4_residual_partials: bad arguments");
+    return fused_blocks(W);
+}
+
+void gemv_int4_residual(const ResidualNorm& out, const Int4View& W, const __half* x, cudaStream_t stream) {
+    check_fused(W, x, nullptr, "gemv_int4_residual");
+    QUEST_REQUIRE(out.x && out.xg && out.g && out.ss && out.partials && out.counter,
+                  "gemv_int4_residual: bad ResidualNorm");
+    QUEST_REQUIRE(out.partials_capacity >= gemv_int4_residual_partials(W),
+                  "gemv_int4_residual: partials_capacity < gemv_int4_residual_partials(W)");
+    GemvEpi e;
+    e.res = out;
+    launch_fused<GemvEpilogue::Residual>(nullptr, W, x, e, stream);
 }
 
 void dequantize_int4_to_half(__half* out, const Int4View& W, cudaStream_t stream) {

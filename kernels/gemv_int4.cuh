@@ -25,6 +25,7 @@
 #include <cstdint>
 
 #include "kernels/cuda_common.cuh"
+#include "kernels/gemv_epilogue.h"
 
 namespace quest {
 
@@ -64,6 +65,28 @@ void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cuda
 int gemv_int4_default_variant();
 // A QUEST_INT4_GEMV value: the variant index (decimal digits only, < gemv_int4_variant_count()), else -1.
 int gemv_int4_parse_variant(const char* text);
+
+// The decode step's fused epilogues (kernels/gemv_epilogue.h), on the kernel of variant 5 ("stream R2 U4 W8 S16",
+// the compiled default): the same tile sums as that variant, then
+//   gemv_int4_scaled:   y[r] = inv * (W xg)[r]                                       (qkv)
+//   gemv_int4_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i; rows even; the device layout's
+//                       permutation is per row, so the interleave is a row order):
+//                       act[i] = fp16(silu(inv (W xg)[2i]) * inv (W xg)[2i + 1])       (gate+up; act [rows / 2])
+//   gemv_int4_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), ss = sum x^2   (o, down)
+// inv = rsqrtf(*norm.ss / norm.n + eps). They require gemv_int4_fused_supported(W) (x in shared memory: cols up to
+// about 24K) and a 16-byte aligned input, whatever QUEST_INT4_GEMV says; gemv_int4_fused_available(W) adds that
+// gemv_int4() runs the same kernel (the default variant), which is when the model uses them (otherwise it keeps
+// rms_norm + gemv_int4 + swiglu, so that QUEST_INT4_GEMV still compares whole steps). No allocation or
+// synchronisation (graph-safe).
+int gemv_int4_fused_variant();  // the variant index whose kernel they run (5)
+bool gemv_int4_fused_supported(const Int4View& W);
+bool gemv_int4_fused_available(const Int4View& W);
+void gemv_int4_scaled(float* y, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream);
+void gemv_int4_swiglu(__half* act, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream);
+void gemv_int4_residual(const ResidualNorm& out, const Int4View& W, const __half* x, cudaStream_t stream);
+// Blocks of a gemv_int4_residual launch on W (a persistent grid: depends on the device's SM count): the
+// ResidualNorm::partials it needs.
+int gemv_int4_residual_partials(const Int4View& W);
 
 // out [rows][cols] (fp16, 16-byte aligned, row-major in column order) = dequant(W): each element is the fp16
 // rounding of the exact (q - z) * scale, i.e. bit for bit float_to_half(dequantize_int4(...)) of the v1 matrix.

@@ -321,9 +321,53 @@ void CudaLlama::allocate() {
         quest_ws_.partial_ml = quest_partial_.get() + qs.partial_o;
         quest_ws_.counters = quest_counters_.get();
     }
+    choose_decode_path();
     // The fills and uploads above ran on the legacy stream, which stream_ (non-blocking) does not wait for.
     CUDA_CHECK(cudaDeviceSynchronize());
     reset();
+}
+
+void CudaLlama::choose_decode_path() {
+    const int H = c_.hidden_size, F = c_.intermediate_size, qd = c_.q_dim();
+    // Why the fused decode step cannot run, or empty. Every matrix must have a fused kernel: FP16 with cols % 8 == 0
+    // (stories260K's 172-wide down projection runs the scalar GEMV), int4 with the default GEMV variant.
+    std::string why;
+    auto check = [&](const __half* w16, const Int4View& w4, const __half* x, int cols, const char* what) {
+        if (!why.empty()) return;
+        if (w4.valid()) {
+            if (!gemv_int4_fused_available(w4))
+                why = std::string("int4 ") + what + ": GEMV variant " + std::to_string(gemv_int4_default_variant()) +
+                      " (" + gemv_int4_variant_name(gemv_int4_default_variant()) +
+                      ", QUEST_INT4_GEMV) has no fused epilogue" +
+                      (gemv_int4_fused_supported(w4) ? "" : ", or the rows are too wide for it");
+        } else if (!gemv_fused_supported(w16, x, cols)) {
+            why = std::string(what) + ": " + std::to_string(cols) + " columns, not a multiple of 8 (scalar GEMV)";
+        }
+    };
+    int partials = 0;
+    for (const Layer& L : layers_) {
+        check(L.wqkv, L.qkv4, xn_.get(), H, "qkv");
+        check(L.wo, L.o4, att_.get(), qd, "o");
+        check(L.wgu, L.gu4, xn_.get(), H, "gate+up");
+        check(L.wdown, L.down4, act_.get(), F, "down");
+        if (why.empty()) {
+            partials = std::max(partials, L.o4.valid() ? gemv_int4_residual_partials(L.o4) : gemv_residual_partials(H));
+            partials =
+                std::max(partials, L.down4.valid() ? gemv_int4_residual_partials(L.down4) : gemv_residual_partials(H));
+        }
+    }
+    check(lm_head_, Int4View{}, xn_.get(), H, "lm_head");
+    if (!opts_.fused_epilogues) why = "switched off (CudaOptions::fused_epilogues)";
+    fused_decode_ = why.empty();
+    if (fused_decode_) {
+        ss_ = DeviceBuffer<float>(1);
+        norm_partials_ = DeviceBuffer<float>(static_cast<size_t>(partials));
+        norm_counter_ = DeviceBuffer<unsigned>(1);
+        norm_counter_.fill_bytes(0);  // the residual epilogues leave it zero after every launch
+        spdlog::info("decode step: RMSNorm, residual and SwiGLU fused into the GEMV epilogues");
+    } else {
+        spdlog::info("decode step: separate rms_norm / swiglu kernels ({})", why);
+    }
 }
 
 KvLayerView CudaLlama::kv_view(int layer) const {
@@ -433,8 +477,10 @@ void CudaLlama::load_weights(const ModelFolder& model) {
     DeviceBuffer<unsigned long long> overflow(1);
     size_t clamped_total = 0;
 
-    // Converts tensor `name` into dst (fp16) or, for 1-D norm weights, into dst32 (fp32).
-    auto upload = [&](const std::string& name, std::initializer_list<int64_t> shape, __half* dst, float* dst32) {
+    // Converts tensor `name` into dst (fp16) or, for 1-D norm weights, into dst32 (fp32). A 2-D tensor's rows go
+    // `row_stride` rows apart in dst (1: contiguous; 2: every second row, the interleaved gate+up matrix).
+    auto upload = [&](const std::string& name, std::initializer_list<int64_t> shape, __half* dst, float* dst32,
+                      size_t row_stride = 1) {
         const TensorRef t = files.get(name, std::span<const int64_t>(shape.begin(), shape.size()));
         const DType dt = t.info->dtype;
         if (!dtype_is_float(dt))
@@ -452,7 +498,12 @@ void CudaLlama::load_weights(const ModelFolder& model) {
         // previous tensor's bytes (seen: one model load in four silently corrupted in one process).
         CUDA_CHECK(cudaMemcpyAsync(staging.get(), t.data(), t.info->nbytes(), cudaMemcpyHostToDevice, stream_));
         CUDA_CHECK(cudaMemsetAsync(overflow.get(), 0, sizeof(unsigned long long), stream_));
-        convert_to_half(dst, staging.get(), dt, n, overflow.get(), stream_);
+        if (row_stride == 1) {
+            convert_to_half(dst, staging.get(), dt, n, overflow.get(), stream_);
+        } else {
+            const size_t cols = static_cast<size_t>(t.info->shape.at(1));
+            convert_to_half_rows(dst, row_stride * cols, staging.get(), dt, n / cols, cols, overflow.get(), stream_);
+        }
         unsigned long long clamped = 0;
         CUDA_CHECK(cudaMemcpyAsync(&clamped, overflow.get(), sizeof clamped, cudaMemcpyDeviceToHost, stream_));
         CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -462,14 +513,25 @@ void CudaLlama::load_weights(const ModelFolder& model) {
             clamped_total += clamped;
         }
     };
-    // Fused matrix k of layer l, part by part (rows appended): int4 from 4-bit storage or quantized on the host
-    // (round-to-nearest, kernels/quant.h), FP16 from a float tensor or dequantized from 4-bit storage.
+    // Fused matrix k of layer l, part by part: int4 from 4-bit storage or quantized on the host (round-to-nearest,
+    // kernels/quant.h), FP16 from a float tensor or dequantized from 4-bit storage. The parts' rows are appended
+    // (qkv), except for gate+up (k = 2), whose two parts are interleaved row by row (gate row i at 2i, up row i at
+    // 2i + 1: Layer::wgu), for FP16 and for int4 alike (the int4 device layout permutes within rows only).
     int int4_count = 0, quantized_on_load = 0;
     auto upload_linear = [&](int l, int k, __half* w16, const Int4View& w4) {
         const auto specs = llama_linear_specs(c_, l);
+        const bool interleave = k == 2;
         int64_t row0 = 0;
-        for (int i : kFusedParts[k]) {
-            const LinearSpec& s = specs[i];
+        for (size_t part = 0; part < kFusedParts[k].size(); ++part) {
+            const LinearSpec& s = specs[kFusedParts[k][part]];
+            // Device row of the part's row j: first + j * stride.
+            const int64_t first = interleave ? static_cast<int64_t>(part) : row0;
+            const size_t stride = interleave ? kFusedParts[k].size() : 1;
+            // Copies `rows` rows of `row_bytes` bytes from host memory to device rows first, first + stride, ...
+            auto copy_rows = [&](void* dst_base, const void* src, size_t row_bytes) {
+                CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst_base) + first * row_bytes, stride * row_bytes, src,
+                                        row_bytes, row_bytes, static_cast<size_t>(s.rows), cudaMemcpyHostToDevice));
+            };
             const LinearInfo li = reader.inspect(s.prefix, s.rows, s.cols);
             if (w4.valid()) {
                 Int4Matrix m;
@@ -488,20 +550,17 @@ void CudaLlama::load_weights(const ModelFolder& model) {
                 // The device layout (kernels/int4_layout.h): a permutation of each row's codes, so parts of a fused
                 // matrix are repacked and uploaded one by one.
                 int4_to_device_layout(m.qweight, static_cast<int>(s.rows), static_cast<int>(s.cols), w4.group);
-                CUDA_CHECK(cudaMemcpy(const_cast<uint32_t*>(w4.qweight) + row0 * (s.cols / 8), m.qweight.data(),
-                                      m.qweight.size() * 4, cudaMemcpyHostToDevice));
-                CUDA_CHECK(cudaMemcpy(const_cast<__half*>(w4.scales) + row0 * groups, m.scales.data(),
-                                      m.scales.size() * 2, cudaMemcpyHostToDevice));
-                CUDA_CHECK(cudaMemcpy(const_cast<uint8_t*>(w4.zeros) + row0 * groups, m.zeros.data(), m.zeros.size(),
-                                      cudaMemcpyHostToDevice));
+                copy_rows(const_cast<uint32_t*>(w4.qweight), m.qweight.data(), static_cast<size_t>(s.cols / 8) * 4);
+                copy_rows(const_cast<__half*>(w4.scales), m.scales.data(), groups * 2);
+                copy_rows(const_cast<uint8_t*>(w4.zeros), m.zeros.data(), groups);
                 ++int4_count;
             } else if (li.int4()) {
                 const std::vector<float> w = reader.load_f32(s.prefix, s.rows, s.cols);
                 std::vector<uint16_t> h(w.size());
                 for (size_t j = 0; j < w.size(); ++j) h[j] = float_to_half(std::clamp(w[j], -65504.0f, 65504.0f));
-                CUDA_CHECK(cudaMemcpy(w16 + row0 * s.cols, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+                copy_rows(w16, h.data(), static_cast<size_t>(s.cols) * 2);
             } else {
-                upload(s.prefix + ".weight", {s.rows, s.cols}, w16 + row0 * s.cols, nullptr);
+                upload(s.prefix + ".weight", {s.rows, s.cols}, w16 + first * s.cols, nullptr, stride);
             }
             row0 += s.rows;
         }
@@ -579,6 +638,32 @@ void CudaLlama::linear_gemv(float* y, const __half* w16, const Int4View& w4, con
     else gemv(y, w16, x, rows, cols, stream_);
 }
 
+void CudaLlama::linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols) {
+    const NormScale norm{ss_.get(), c_.hidden_size, static_cast<float>(c_.rms_norm_eps)};
+    if (w4.valid()) gemv_int4_scaled(y, w4, xn_.get(), norm, stream_);
+    else gemv_scaled(y, w16, xn_.get(), rows, cols, norm, stream_);
+}
+
+void CudaLlama::linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols) {
+    const NormScale norm{ss_.get(), c_.hidden_size, static_cast<float>(c_.rms_norm_eps)};
+    if (w4.valid()) gemv_int4_swiglu(act_.get(), w4, xn_.get(), norm, stream_);
+    else gemv_swiglu(act_.get(), w16, xn_.get(), rows, cols, norm, stream_);
+}
+
+void CudaLlama::linear_gemv_residual(const float* next_norm, const __half* w16, const Int4View& w4, const __half* x,
+                                     int rows, int cols) {
+    ResidualNorm r;
+    r.x = x_.get();
+    r.xg = xn_.get();
+    r.g = next_norm;
+    r.ss = ss_.get();
+    r.partials = norm_partials_.get();
+    r.partials_capacity = static_cast<int>(norm_partials_.size());
+    r.counter = norm_counter_.get();
+    if (w4.valid()) gemv_int4_residual(r, w4, x, stream_);
+    else gemv_residual(r, w16, x, rows, cols, stream_);
+}
+
 std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
     const int n = static_cast<int>(tokens.size());
     if (n == 0) throw InputError("prefill: no tokens (an empty prompt still holds BOS)");
@@ -638,7 +723,7 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             linear_gemm(proj_.get(), L.wo, L.o4, att_.get(), T, H, qd);
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, T, H, eps, stream_);
             linear_gemm(gu_.get(), L.wgu, L.gu4, xn_.get(), T, 2 * F, H);
-            swiglu(act_.get(), gu_.get(), T, F, stream_);
+            swiglu_interleaved(act_.get(), gu_.get(), T, F, stream_);
             linear_gemm(proj_.get(), L.wdown, L.down4, act_.get(), T, H, F);
         }
         rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, T, H, eps, stream_);
@@ -675,6 +760,32 @@ void CudaLlama::mark(const char* what) {
     CUDA_CHECK(cudaEventRecord(profile_events_[marks_used_++], stream_));
 }
 
+void CudaLlama::enqueue_attention(int l, float scale) {
+    const KvLayerView kv = kv_view(l);
+    rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
+    mark("rope + kv append");
+    if (quest_.quest_layer(l) && quest_.selector == PageSelector::Streaming) {
+        const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
+        streaming_select(quest_ws_.selected, d_pos_.get(), rows, quest_.page_size, quest_.page_budget(), stream_);
+        attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
+                                quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
+        mark("attention streaming");
+    } else if (quest_.quest_layer(l)) {
+        QuestDecodeOptions qopts;
+        qopts.fused = opts_.quest_fused;
+        const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
+        if (cv.codes) qopts.codes = &cv;
+        qopts.match = match_;
+        quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
+                     scale, quest_ws_, stream_, qopts);
+        mark("attention quest");
+    } else {
+        attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
+                         stream_);
+        mark("attention full");
+    }
+}
+
 void CudaLlama::enqueue_decode_step() {
     const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kvd = c_.kv_dim();
     const float eps = static_cast<float>(c_.rms_norm_eps);
@@ -682,52 +793,54 @@ void CudaLlama::enqueue_decode_step() {
     marks_used_ = 0;
     mark("start");
     CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), h_token_, sizeof(int), cudaMemcpyHostToDevice, stream_));
-    embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);
-    mark("embedding");
-    for (int l = 0; l < c_.num_layers; ++l) {
-        const Layer& L = layers_[l];
-        const KvLayerView kv = kv_view(l);
-        rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
-        mark("rms_norm");
-        linear_gemv(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), qd + 2 * kvd, H);
-        mark("gemv qkv");
-        rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
-        mark("rope + kv append");
-        if (quest_.quest_layer(l) && quest_.selector == PageSelector::Streaming) {
-            const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
-            streaming_select(quest_ws_.selected, d_pos_.get(), rows, quest_.page_size, quest_.page_budget(), stream_);
-            attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
-                                    quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
-            mark("attention streaming");
-        } else if (quest_.quest_layer(l)) {
-            QuestDecodeOptions qopts;
-            qopts.fused = opts_.quest_fused;
-            const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
-            if (cv.codes) qopts.codes = &cv;
-            qopts.match = match_;
-            quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
-                         scale, quest_ws_, stream_, qopts);
-            mark("attention quest");
-        } else {
-            attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
-                             stream_);
-            mark("attention full");
+    if (fused_decode_) {
+        // Norms, residual adds and SwiGLU in the GEMV epilogues (kernels/gemv_epilogue.h): each GEMV that adds into
+        // x also writes xg = fp16(x * g) for the next norm's weight g and ss = sum x^2; the next GEMV scales its sums
+        // by rsqrt(ss / H + eps). The mark() groups name the fused work they include.
+        embedding_norm_prep(x_.get(), xn_.get(), ss_.get(), embed_, d_tokens_.get(), layers_[0].attn_norm, H, V,
+                            stream_);
+        mark("embedding + norm");
+        for (int l = 0; l < c_.num_layers; ++l) {
+            const Layer& L = layers_[l];
+            linear_gemv_scaled(qkv_.get(), L.wqkv, L.qkv4, qd + 2 * kvd, H);
+            mark("gemv qkv (+norm)");
+            enqueue_attention(l, scale);
+            linear_gemv_residual(L.mlp_norm, L.wo, L.o4, att_.get(), H, qd);
+            mark("gemv o (+residual, norm)");
+            linear_gemv_swiglu(L.wgu, L.gu4, 2 * F, H);
+            mark("gemv gate+up (+swiglu)");
+            const float* next_norm = l + 1 < c_.num_layers ? layers_[l + 1].attn_norm : final_norm_;
+            linear_gemv_residual(next_norm, L.wdown, L.down4, act_.get(), H, F);
+            mark("gemv down (+residual, norm)");
         }
-        linear_gemv(proj_.get(), L.wo, L.o4, att_.get(), H, qd);
-        mark("gemv o");
-        rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
+        gemv_scaled(logits_.get(), lm_head_, xn_.get(), V, H, NormScale{ss_.get(), H, eps}, stream_);
+        mark("gemv lm_head (+norm)");
+    } else {
+        embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);
+        mark("embedding");
+        for (int l = 0; l < c_.num_layers; ++l) {
+            const Layer& L = layers_[l];
+            rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
+            mark("rms_norm");
+            linear_gemv(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), qd + 2 * kvd, H);
+            mark("gemv qkv");
+            enqueue_attention(l, scale);
+            linear_gemv(proj_.get(), L.wo, L.o4, att_.get(), H, qd);
+            mark("gemv o");
+            rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
+            mark("rms_norm");
+            linear_gemv(gu_.get(), L.wgu, L.gu4, xn_.get(), 2 * F, H);
+            mark("gemv gate+up");
+            swiglu_interleaved(act_.get(), gu_.get(), 1, F, stream_);
+            mark("swiglu");
+            linear_gemv(proj_.get(), L.wdown, L.down4, act_.get(), H, F);
+            mark("gemv down");
+        }
+        rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
         mark("rms_norm");
-        linear_gemv(gu_.get(), L.wgu, L.gu4, xn_.get(), 2 * F, H);
-        mark("gemv gate+up");
-        swiglu(act_.get(), gu_.get(), 1, F, stream_);
-        mark("swiglu");
-        linear_gemv(proj_.get(), L.wdown, L.down4, act_.get(), H, F);
-        mark("gemv down");
+        gemv(logits_.get(), lm_head_, xn_.get(), V, H, stream_);
+        mark("gemv lm_head");
     }
-    rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
-    mark("rms_norm");
-    gemv(logits_.get(), lm_head_, xn_.get(), V, H, stream_);
-    mark("gemv lm_head");
     advance_position(d_pos_.get(), 1, stream_);
     CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_.get(), sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
     mark("logits to host");

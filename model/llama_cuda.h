@@ -32,6 +32,10 @@ struct CudaOptions {
     // with group G (FP16 checkpoints are quantized on load, round-to-nearest; random weights are drawn as int4);
     // -1 stores every layer in FP16 (4-bit layers dequantized).
     int int4_group = 0;
+    // Decode step: the RMSNorms, residual adds and SwiGLU run in the epilogues of the GEMVs around them
+    // (kernels/gemv_epilogue.h) when every linear matrix supports it (chosen once at load, logged); false: the
+    // separate rms_norm / swiglu kernels (also what the prefill runs).
+    bool fused_epilogues = true;
 };
 
 // Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,
@@ -94,22 +98,29 @@ private:
     void load_weights(const ModelFolder& model);
     void randomize_weights(uint64_t seed);
     void enqueue_decode_step();  // every kernel of one decode step on stream_
+    void enqueue_attention(int l, float scale);  // decode: RoPE + KV append and the attention of layer l
+    void choose_decode_path();   // fused_decode_ (at load: which kernels the decode step runs), partials
     void mark(const char* what);  // profiling: an event after the kernels of `what`
 
     struct Layer {
         __half* wqkv = nullptr;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)
         __half* wo = nullptr;     // [hidden][q_dim]
-        __half* wgu = nullptr;    // [2 intermediate][hidden]    (gate_proj | up_proj rows)
+        __half* wgu = nullptr;    // [2 intermediate][hidden]    rows interleaved: 2i = gate_proj i, 2i + 1 = up_proj i
         __half* wdown = nullptr;  // [hidden][intermediate]
         float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
         float* mlp_norm = nullptr;   // [hidden]
         // The same matrices in int4 (the FP16 pointer above is null then): qkv4 [q_dim + 2 kv_dim][hidden],
-        // o4 [hidden][q_dim], gu4 [2 intermediate][hidden], down4 [hidden][intermediate].
+        // o4 [hidden][q_dim], gu4 [2 intermediate][hidden] (rows interleaved as wgu), down4 [hidden][intermediate].
         Int4View qkv4, o4, gu4, down4;
     };
     // y = W x (decode) and Y = X W^T (prefill; int4 weights are dequantized into dequant_scratch_ first).
     void linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols);
     void linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows, int cols);
+    // The fused decode GEMVs (kernels/gemv_epilogue.h): FP16 or int4 by the matrix's storage.
+    void linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols);
+    void linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols);
+    void linear_gemv_residual(const float* next_norm, const __half* w16, const Int4View& w4, const __half* x, int rows,
+                              int cols);
 
     ModelConfig c_;
     QuestSettings quest_;
@@ -151,8 +162,13 @@ private:
     RopeDeviceParams rope_;
     DeviceBuffer<int> d_pos_, d_tokens_;
     DeviceBuffer<float> x_, qkv_, proj_, gu_, logits_, ws_float_;
+    // Fused decode step (fused_decode_): xn_ holds xg = fp16(x * g) (not normalised), ss_ the sum of x^2, and the
+    // residual epilogues' per-block partial sums and finish counter (zero between launches).
+    bool fused_decode_ = false;
+    DeviceBuffer<float> ss_, norm_partials_;
+    DeviceBuffer<unsigned> norm_counter_;
     DeviceBuffer<int> split_counters_;
-    DeviceBuffer<__half> xn_, q_, att_, act_;
+    DeviceBuffer<__half> xn_, q_, att_, act_;  // xn_: the fp16 input of qkv / gate+up / lm_head (see ss_)
     DeviceBuffer<float> quest_scores_, quest_partial_;
     DeviceBuffer<int> quest_selected_, quest_counters_;
     QuestWorkspace quest_ws_;

@@ -3,8 +3,8 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [attention] [quest] [codes] [--json FILE]   (no section named: all of them;
-//   codes: only the page-codes part of quest)
+//   quest_kernel_bench [gemv] [gemv4] [fused] [attention] [quest] [codes] [--json FILE]   (no section named: all of
+//   them; codes: only the page-codes part of quest; fused: one layer's GEMVs with and without the fused epilogues)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -141,6 +141,96 @@ void bench_gemv_int4() {
         }
         const double td = time_ms([&](int i) { dequantize_int4_to_half(out.get(), view(i % copies), nullptr); });
         report(std::string("dequant int4->fp16 ") + s.name, td, packed + size_t(s.rows) * s.cols * 2.0);
+    }
+}
+
+// The decode step's linear part of one Llama-2-7B layer (qkv, o, gate+up, down with their norms, residual adds and
+// SwiGLU; no attention), unfused (rms_norm + gemv ... + swiglu: 7 launches) against the fused GEMV epilogues
+// (kernels/gemv_epilogue.h: 4 launches), FP16 and int4 g128, time per layer with 8 layers back to back (weights
+// rotated over copies past the L2).
+void bench_fused() {
+    const int H = 4096, F = 11008, Q = 12288, group = 128;
+    struct Dims { int rows, cols; };
+    const Dims dims[4] = {{Q, H}, {H, H}, {2 * F, H}, {H, F}};  // qkv, o, gate+up, down
+    DeviceBuffer<float> x(H), proj(H), qkv(Q), gu(2 * F), ss(1), w_norm(H);
+    DeviceBuffer<__half> xn(H), att(H), act(F);
+    fill_random_float(x.get(), H, 11, 1.0f, 0.0f, nullptr);
+    fill_random_float(w_norm.get(), H, 12, 0.1f, 1.0f, nullptr);
+    fill_random_half(att.get(), H, 13, 1.0f, 0.0f, nullptr);
+    fill_random_half(xn.get(), H, 14, 1.0f, 0.0f, nullptr);
+    CUDA_CHECK(cudaMemcpy(ss.get(), std::vector<float>{float(H)}.data(), sizeof(float), cudaMemcpyHostToDevice));
+    const NormScale norm{ss.get(), H, 1e-5f};
+    for (bool int4 : {false, true}) {
+        double layer_bytes = 0;
+        for (const Dims& d : dims)
+            layer_bytes += int4 ? d.rows * (d.cols / 2.0 + d.cols / group * 3.0) : d.rows * (d.cols * 2.0);
+        const int copies = std::max<int>(2, int(std::ceil(240e6 / layer_bytes)));
+        // Per copy and matrix: FP16 weights, or int4 codes / scales / zero points.
+        std::vector<DeviceBuffer<__half>> w16;
+        std::vector<DeviceBuffer<uint32_t>> q;
+        std::vector<DeviceBuffer<__half>> sc;
+        std::vector<DeviceBuffer<uint8_t>> z;
+        std::vector<Int4View> v4;
+        for (int c = 0; c < copies; ++c)
+            for (int m = 0; m < 4; ++m) {
+                const Dims d = dims[m];
+                if (!int4) {
+                    w16.emplace_back(size_t(d.rows) * d.cols);
+                    fill_random_half(w16.back().get(), w16.back().size(), 20 + c * 4 + m, 0.02f, 0.0f, nullptr);
+                    continue;
+                }
+                const size_t words = size_t(d.rows) * d.cols / 8, groups = size_t(d.rows) * d.cols / group;
+                q.emplace_back(words);
+                sc.emplace_back(groups);
+                z.emplace_back(groups);
+                fill_random_int4(q.back().get(), sc.back().get(), z.back().get(), d.rows, d.cols, group, 40 + c * 4 + m,
+                                 0.02f, nullptr);
+                v4.push_back(Int4View{q.back().get(), sc.back().get(), z.back().get(), d.rows, d.cols, group});
+            }
+        const int partials =
+            int4 ? std::max(gemv_int4_residual_partials(v4[1]), gemv_int4_residual_partials(v4[3])) : gemv_residual_partials(H);
+        DeviceBuffer<float> part(partials);
+        DeviceBuffer<unsigned> counter(1);
+        counter.fill_bytes(0);
+        const ResidualNorm res{x.get(), xn.get(), w_norm.get(), ss.get(), part.get(), partials, counter.get()};
+        auto plain = [&](int c, int m, float* y, const __half* in) {
+            if (int4) gemv_int4(y, v4[c * 4 + m], in, nullptr);
+            else gemv(y, w16[c * 4 + m].get(), in, dims[m].rows, dims[m].cols, nullptr);
+        };
+        const double t_unfused = time_ms([&](int i) {
+            for (int k = 0; k < 8; ++k) {
+                const int c = (i * 8 + k) % copies;
+                rms_norm(xn.get(), x.get(), proj.get(), w_norm.get(), 1, H, 1e-5f, nullptr);
+                plain(c, 0, qkv.get(), xn.get());
+                plain(c, 1, proj.get(), att.get());
+                rms_norm(xn.get(), x.get(), proj.get(), w_norm.get(), 1, H, 1e-5f, nullptr);
+                plain(c, 2, gu.get(), xn.get());
+                swiglu_interleaved(act.get(), gu.get(), 1, F, nullptr);
+                plain(c, 3, proj.get(), act.get());
+            }
+        }) / 8;
+        const double t_fused = time_ms([&](int i) {
+            for (int k = 0; k < 8; ++k) {
+                const int c = (i * 8 + k) % copies;
+                if (int4) {
+                    gemv_int4_scaled(qkv.get(), v4[c * 4], xn.get(), norm, nullptr);
+                    gemv_int4_residual(res, v4[c * 4 + 1], att.get(), nullptr);
+                    gemv_int4_swiglu(act.get(), v4[c * 4 + 2], xn.get(), norm, nullptr);
+                    gemv_int4_residual(res, v4[c * 4 + 3], act.get(), nullptr);
+                } else {
+                    gemv_scaled(qkv.get(), w16[c * 4].get(), xn.get(), Q, H, norm, nullptr);
+                    gemv_residual(res, w16[c * 4 + 1].get(), att.get(), H, H, nullptr);
+                    gemv_swiglu(act.get(), w16[c * 4 + 2].get(), xn.get(), 2 * F, H, norm, nullptr);
+                    gemv_residual(res, w16[c * 4 + 3].get(), act.get(), H, F, nullptr);
+                }
+            }
+        }) / 8;
+        const std::string w = int4 ? "int4 g128" : "fp16";
+        report("layer linear part unfused (7 launches) " + w, t_unfused, layer_bytes);
+        report("layer linear part fused   (4 launches) " + w, t_fused, layer_bytes);
+        // The residual stream grows with every residual add (values do not change the timing): reset it.
+        fill_random_float(x.get(), H, 11, 1.0f, 0.0f, nullptr);
+        CUDA_CHECK(cudaMemcpy(ss.get(), std::vector<float>{float(H)}.data(), sizeof(float), cudaMemcpyHostToDevice));
     }
 }
 
@@ -411,6 +501,7 @@ int main(int argc, char** argv) {
     try {
         if (want("gemv")) bench_gemv();
         if (want("gemv4")) bench_gemv_int4();
+        if (want("fused")) bench_fused();
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
         if (want("quest") || want("codes")) bench_quest_codes();
