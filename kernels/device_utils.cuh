@@ -40,6 +40,19 @@ __device__ __forceinline__ void half8_to_float(const uint4& raw, float (&f)[8]) 
     }
 }
 
+// fp16(h * f) for the 8 halves of a 16-byte piece (the product in fp32, rounded to nearest).
+__device__ __forceinline__ uint4 scale_half8(const uint4& raw, float f) {
+    uint4 out;
+    const __half2* h = reinterpret_cast<const __half2*>(&raw);
+    __half2* o = reinterpret_cast<__half2*>(&out);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 x = __half22float2(h[j]);
+        o[j] = __floats2half2_rn(x.x * f, x.y * f);
+    }
+    return out;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

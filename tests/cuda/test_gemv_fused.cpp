@@ -123,11 +123,20 @@ std::vector<float> norm_weights(std::mt19937& g, int n) {
     return w;
 }
 
+// Llama-2-7B's residual stream carries a few "massive activations" (|x| ~ 2.5K in fixed channels from layer 2 on):
+// these channels of x at +-2500.
+void add_massive_activations(std::vector<float>& x) {
+    for (int c : {7, 1415, 2533, 3990})
+        if (c < static_cast<int>(x.size())) x[c] = (c % 2 ? -1.0f : 1.0f) * 2500.0f;
+}
+
 // y = W rms_norm(x, g) by rms_norm + the unfused GEMV, and by the scaled GEMV on (xg, ss).
-void check_scaled(std::mt19937& g, int rows, int cols, int group, double tol) {
+void check_scaled(std::mt19937& g, int rows, int cols, int group, double tol, bool massive = false) {
     const Matrix M(g, rows, cols, group);
-    SCOPED_TRACE(M.name());
-    const auto x = stream_values(g, cols), w = norm_weights(g, cols);
+    SCOPED_TRACE(M.name() + (massive ? " massive" : ""));
+    auto x = stream_values(g, cols);
+    const auto w = norm_weights(g, cols);
+    if (massive) add_massive_activations(x);
     auto dx = upload(x);
     auto dw = upload(w);
     DeviceBuffer<__half> xn(cols);
@@ -144,11 +153,13 @@ void check_scaled(std::mt19937& g, int rows, int cols, int group, double tol) {
 
 // Gate and up interleaved (rows 2i, 2i + 1): act = swiglu(W rms_norm(x, g)) by rms_norm + the unfused GEMV +
 // swiglu (on the rows de-interleaved into gate | up), and by the swiglu GEMV.
-void check_swiglu(std::mt19937& g, int rows, int cols, int group, double tol) {
+void check_swiglu(std::mt19937& g, int rows, int cols, int group, double tol, bool massive = false) {
     const Matrix M(g, rows, cols, group);
-    SCOPED_TRACE(M.name());
+    SCOPED_TRACE(M.name() + (massive ? " massive" : ""));
     const int F = rows / 2;
-    const auto x = stream_values(g, cols), w = norm_weights(g, cols);
+    auto x = stream_values(g, cols);
+    const auto w = norm_weights(g, cols);
+    if (massive) add_massive_activations(x);
     auto dx = upload(x);
     auto dw = upload(w);
     DeviceBuffer<__half> xn(cols), want(F), got(F);
@@ -255,6 +266,18 @@ TEST(CudaFused, SwigluGemvEqualsRmsNormGemvSwiglu) {
     for (auto [rows, cols, grp] :
          {std::tuple{22016, 4096, 128}, {4102, 160, 32}, {18, 128, 128}, {9002, 384, 128}, {38, 192, 64}})
         check_swiglu(g, rows, cols, grp, 5e-3);
+}
+
+// The fused input xg = fp16(x g) is not normalised: with massive activations (|x g| ~ 2.5K) the int4 kernel's fp16
+// partial sums (8 products of |q - z| <= 15) would overflow if it multiplied xg as it is; it normalises xg while
+// copying it to shared memory, so its partial sums see what they see after rms_norm (and FP16 sums are fp32 anyway).
+TEST(CudaFused, NormGemvsWithMassiveActivations) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(44);
+    check_scaled(g, 4096, 4096, 0, 2e-3, true);
+    check_scaled(g, 12288, 4096, 128, 3e-3, true);
+    check_swiglu(g, 22016, 4096, 0, 3e-3, true);
+    check_swiglu(g, 22016, 4096, 128, 5e-3, true);
 }
 
 TEST(CudaFused, ResidualGemvAddsAndPreparesTheNextNorm) {
