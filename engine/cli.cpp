@@ -67,8 +67,8 @@ struct ModelFlags {
         app.add_option("--dense-layers", dense_layers, "layers that always use full attention");
         app.add_option("--gqa-policy", gqa_policy, "page selection for grouped heads: kv-max, kv-sum, per-head");
         app.add_option("--selector", selector, "page selector: quest (default), streaming (first + recent pages), "
-                                               "oracle (true attention mass; evaluation only, CPU), two-level "
-                                               "(coarse shortlist re-ranked by sub-page bounds; CPU)");
+                                               "oracle (true attention mass; evaluation only, reads every key), "
+                                               "two-level (coarse shortlist re-ranked by sub-page bounds; CPU)");
         app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default), int8 or int4 (cuda: the quest selector)");
         app.add_option("--shortlist", shortlist, "two-level: pages shortlisted per selected page (default 4)");
         app.add_option("--sub-page", sub_page, "two-level: tokens per sub-page (default 4)");

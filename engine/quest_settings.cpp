@@ -172,8 +172,11 @@ std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const Que
             const int rows = q.gqa_policy == GqaPolicy::PerHead ? c.num_heads : NKV;
             const int pages = codes::step_pages(len, S, K, match);  // the last page included
             r = SelectionReads{};
-            // The streaming selector scores nothing: its pages follow from the position alone.
-            r.pages_scored = q.selector == PageSelector::Streaming ? 0 : static_cast<int64_t>(P - 1) * NKV;
+            // The streaming selector scores nothing: its pages follow from the position alone. The oracle reads
+            // no metadata but every key of every KV head (oracle_policy_ref's keys_scanned).
+            const bool bounds = q.selector != PageSelector::Streaming && q.selector != PageSelector::Oracle;
+            r.pages_scored = bounds ? static_cast<int64_t>(P - 1) * NKV : 0;
+            if (q.selector == PageSelector::Oracle) r.keys_scanned = static_cast<int64_t>(len) * NKV;
             r.kv_tokens = static_cast<int64_t>(rows) * (static_cast<int64_t>(pages - 1) * S + (len - (P - 1) * S));
             r.rows = rows;
         }

@@ -12,6 +12,7 @@
 #include "kernels/gemv.cuh"
 #include "kernels/quant.h"
 #include "kernels/page_codes.cuh"
+#include "kernels/page_oracle.cuh"
 #include "kernels/page_select.cuh"
 #include "kernels/quest.cuh"
 #include "model/error.h"
@@ -56,6 +57,9 @@ size_t weight_bytes(const ModelConfig& c, const LinearGroups& g) {
 bool uses_page_codes(const QuestSettings& q) {
     return !q.full_attention && q.selector == PageSelector::Quest && q.metadata != MetadataFormat::Fp16;
 }
+
+// True when the Quest layers select with the oracle (kernels/page_oracle.cuh: every key read, true softmax mass).
+bool uses_oracle(const QuestSettings& q) { return !q.full_attention && q.selector == PageSelector::Oracle; }
 
 // Layers that run Quest selection (and keep page codes when uses_page_codes).
 int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {
@@ -125,7 +129,9 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
                                                                      q.page_budget(), q.gqa_policy, 0,
                                                                      settings_match(c, q))
                                                    .bytes();
-    p.workspace = act + split_ws + quest_ws + V * 4 + largest_int4(c, g) * 2 /* prefill dequantization */ +
+    // The oracle selector's page log-sum-exps (one layer's, reused by every layer).
+    const size_t oracle_ws = uses_oracle(q) ? oracle_workspace_floats(c.num_heads, static_cast<int>(pages)) * 4 : 0;
+    p.workspace = act + split_ws + quest_ws + oracle_ws + V * 4 + largest_int4(c, g) * 2 /* prefill dequantization */ +
                   (64 << 20) /* cuBLAS and slack */;
     return p;
 }
@@ -134,10 +140,9 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                      LinearGroups groups)
     : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), groups_(std::move(groups)) {
     quest_.validate();
-    if (!quest_.full_attention && quest_.selector != PageSelector::Quest &&
-        quest_.selector != PageSelector::Streaming)
+    if (!quest_.full_attention && quest_.selector == PageSelector::TwoLevel)
         throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
-                         "': the CUDA backend runs the quest and streaming selectors (oracle and two-level run on "
+                         "': the CUDA backend runs the quest, streaming and oracle selectors (two-level runs on "
                          "--backend cpu)");
     if (!quest_.full_attention && quest_.mass_target > 0)
         throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads a page "
@@ -322,6 +327,7 @@ void CudaLlama::allocate() {
         quest_ws_.counters = quest_counters_.get();
     }
     choose_decode_path();
+    if (uses_oracle(quest_)) oracle_lse_ = DeviceBuffer<float>(oracle_workspace_floats(c_.num_heads, max_pages_));
     // The fills and uploads above ran on the legacy stream, which stream_ (non-blocking) does not wait for.
     CUDA_CHECK(cudaDeviceSynchronize());
     reset();
@@ -770,6 +776,13 @@ void CudaLlama::enqueue_attention(int l, float scale) {
         attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
                                 quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
         mark("attention streaming");
+    } else if (quest_.quest_layer(l) && quest_.selector == PageSelector::Oracle) {
+        // Every key read for the true page masses (an evaluation yardstick), then Quest's top-k and attention.
+        oracle_select(quest_ws_.selected, quest_ws_.scores, oracle_lse_.get(), q_.get(), kv, d_pos_.get(),
+                      c_.num_heads, quest_.page_budget(), quest_.gqa_policy, scale, stream_);
+        attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
+                                quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
+        mark("attention oracle");
     } else if (quest_.quest_layer(l)) {
         QuestDecodeOptions qopts;
         qopts.fused = opts_.quest_fused;
@@ -912,11 +925,14 @@ size_t CudaLlama::decode_bytes() const {
             kv += len * kv_token;
         } else {
             // The complete pages' metadata in the format scored (fp16 min/max, or codes + scale), then the selected
-            // pages' KV: K pages, or the bytes-matched count.
-            const size_t meta = quest_.selector == PageSelector::Streaming  // no scores: no metadata read
-                                    ? 0
-                                    : (pages - 1) * c_.num_kv_heads *
-                                          static_cast<size_t>(page_metadata_bytes(quest_.metadata, c_.head_dim));
+            // pages' KV: K pages, or the bytes-matched count. Streaming scores nothing; the oracle reads every key
+            // (the bytes model's keys_scanned: len keys of 2 * head_dim bytes per KV head).
+            size_t meta = 0;
+            if (quest_.selector == PageSelector::Oracle)
+                meta = len * c_.num_kv_heads * 2ull * c_.head_dim;
+            else if (quest_.selector != PageSelector::Streaming)
+                meta = (pages - 1) * c_.num_kv_heads *
+                       static_cast<size_t>(page_metadata_bytes(quest_.metadata, c_.head_dim));
             const size_t sets = quest_.gqa_policy == GqaPolicy::PerHead ? c_.group_size() : 1;
             const size_t selected = static_cast<size_t>(
                 codes::step_pages(static_cast<int>(len), quest_.page_size, quest_.page_budget(), match_));

@@ -171,6 +171,7 @@ private:
     DeviceBuffer<__half> xn_, q_, att_, act_;  // xn_: the fp16 input of qkv / gate+up / lm_head (see ss_)
     DeviceBuffer<float> quest_scores_, quest_partial_;
     DeviceBuffer<int> quest_selected_, quest_counters_;
+    DeviceBuffer<float> oracle_lse_;  // oracle selector: [num_heads][max_pages] page log-sum-exps (page_oracle.cuh)
     QuestWorkspace quest_ws_;
     SplitWorkspace split_ws_;
     DeviceBuffer<float> chunk_logits_;  // [prefill_chunk][vocab], allocated when all logits are asked for

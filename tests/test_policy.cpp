@@ -910,7 +910,7 @@ TEST(Policy, GpuPieceArithmeticEqualsPageScoreInt8Ref) {
 
 // quest bench's bytes columns for CUDA rows come from quest_step_bytes_model (the GPU does not count its reads): it
 // equals what the CPU backend counts for the same settings and position, with int8 / int4 metadata, bytes-matched
-// budgets (the page count of kernels/page_codes.h) and both GQA layouts.
+// budgets (the page count of kernels/page_codes.h) and both GQA layouts; the streaming and oracle selectors too.
 TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
     const auto dir = test::temp_dir("policy_bytes_model");
     const ModelConfig c = parse_model_config(
@@ -942,5 +942,31 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
                     ++checked;
                 }
-    EXPECT_EQ(checked, 48);
+    // The streaming (no metadata) and oracle (every key, keys_scanned) selectors: what the CUDA backend runs besides
+    // quest.
+    for (PageSelector sel : {PageSelector::Streaming, PageSelector::Oracle})
+        for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
+            for (int len : {10, 46, 333}) {
+                QuestSettings q;
+                q.page_size = 4;
+                q.budget = 12;
+                q.dense_layers = 1;
+                q.selector = sel;
+                q.gqa_policy = pol;
+                CpuLlama b(w, q, 400);
+                std::vector<int> prompt(len - 1);
+                for (int i = 0; i < len - 1; ++i) prompt[i] = 3 + (i * 31) % 90;
+                b.prefill(prompt);
+                b.reset_read_stats();
+                b.decode(5);
+                const auto model = quest_step_bytes_model(c, q, len);
+                EXPECT_EQ(model.first, b.read_stats().bytes_per_step()) << q.policy_label() << " len " << len;
+                EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
+                if (sel == PageSelector::Oracle && len > 12) {  // a selecting step: the key pass in the metadata part
+                    const double keys = 2.0 * len * c.num_kv_heads * 2 * c.head_dim;  // 2 Quest layers
+                    EXPECT_EQ(model.second, keys) << q.policy_label() << " len " << len;
+                }
+                ++checked;
+            }
+    EXPECT_EQ(checked, 48 + 18);
 }

@@ -1,5 +1,5 @@
-// The streaming selector on the GPU (kernels/page_select.cuh) against quest_select_ref, and the CUDA backend with
-// --selector streaming against the CPU backend.
+// The streaming selector on the GPU (kernels/page_select.cuh) against quest_select_ref, the CUDA backend with
+// --selector streaming against the CPU backend, and what the CUDA backend still refuses.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +12,7 @@
 #include "kernels/page_select.cuh"
 #include "kernels/quest.h"
 #include "model/dtype.h"
+#include "model/error.h"
 #include "model/llama_cpu.h"
 #include "model/llama_cuda.h"
 #include "model/weights.h"
@@ -98,16 +99,18 @@ TEST(PageSelectCuda, StreamingModelFollowsCpu) {
     }
 }
 
-// Oracle stays CPU-only, with an error that says so.
-TEST(PageSelectCuda, OracleIsRefused) {
+// Two-level stays CPU-only, with an error that says so (the oracle runs on the GPU: tests/cuda/test_page_oracle.cpp).
+TEST(PageSelectCuda, TwoLevelIsRefused) {
     QUEST_REQUIRE_GPU();
     const ModelFolder m = open_model_folder(test::demo_model_dir());
     QuestSettings q;
-    q.selector = PageSelector::Oracle;
+    q.selector = PageSelector::TwoLevel;
     try {
         CudaLlama::from_folder(m, q, 256);
         FAIL() << "expected an InputError";
-    } catch (const std::exception& e) {
-        EXPECT_NE(std::string(e.what()).find("oracle"), std::string::npos) << e.what();
+    } catch (const InputError& e) {
+        EXPECT_NE(std::string(e.what()).find("two-level"), std::string::npos) << e.what();
     }
+    q.selector = PageSelector::Oracle;
+    EXPECT_NO_THROW(CudaLlama::from_folder(m, q, 256));
 }
