@@ -141,9 +141,23 @@ __device__ __forceinline__ float block_sum_fixed(float v) {
     return warp_sum(v);
 }
 
-// inv = rsqrtf(ss / n + eps). Read after pdl_wait() (ss is written by the previous kernel).
-__device__ __forceinline__ float epi_inv_rms(const NormScale& n) {
-    return rsqrtf(*n.ss / static_cast<float>(n.n) + n.eps);
+// This thread's share of ss = sum(n.partials[0 .. count)): entries tid, tid + blockDim, ... (the first four loaded
+// at once). Call after pdl_wait() (the partials come from the previous kernel), early: the loads overlap the weight
+// stream.
+__device__ __forceinline__ float epi_partials_share(const NormScale& n) {
+    const int t = threadIdx.x, bd = blockDim.x;
+    float v[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) v[k] = t + k * bd < n.count ? __ldcg(n.partials + t + k * bd) : 0.0f;
+    float s = (v[0] + v[1]) + (v[2] + v[3]);
+    for (int i = t + 4 * bd; i < n.count; i += bd) s += __ldcg(n.partials + i);
+    return s;
+}
+
+// inv = rsqrtf(ss / n + eps) from every thread's epi_partials_share (block_sum_fixed: the same bits in every block
+// of the same size). Every thread of the block must call it.
+__device__ __forceinline__ float epi_inv_rms(const NormScale& n, float share) {
+    return rsqrtf(block_sum_fixed(share) / static_cast<float>(n.n) + n.eps);
 }
 
 // silu(g) * u, as the swiglu kernel (kernels/elementwise.cu) computes it.
@@ -158,28 +172,12 @@ __device__ __forceinline__ float epi_residual_row(const ResidualNorm& e, int r, 
     return v * v;
 }
 
-// End of a Residual launch: v is this thread's share of the sum of squares (0 for threads without rows). The block's
-// sum goes to partials[blockIdx.x]; the last block to finish (a ticket on the counter, after a fence) adds the
-// partials in block order, writes *ss and puts the counter back to zero. Deterministic: the same grid adds the same
-// numbers in the same order whatever the blocks' finishing order. Every thread of every block must call it.
+// End of a Residual launch: v is this thread's share of the sum of squares (0 for threads without rows); the
+// block's sum (fixed order) goes to partials[blockIdx.x], summed by the consumer (epi_partials_share). Every thread
+// of every block must call it.
 __device__ __forceinline__ void epi_residual_finish(const ResidualNorm& e, float v) {
-    __shared__ bool last;
     const float b = block_sum_fixed(v);
-    if (threadIdx.x == 0) {
-        e.partials[blockIdx.x] = b;
-        __threadfence();  // the partial is visible to every block before the ticket is taken
-        last = atomicAdd(e.counter, 1u) == gridDim.x - 1;
-    }
-    __syncthreads();
-    if (!last) return;  // (block-uniform)
-    __threadfence();
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < static_cast<int>(gridDim.x); i += blockDim.x) s += __ldcg(e.partials + i);
-    s = block_sum_fixed(s);
-    if (threadIdx.x == 0) {
-        *e.ss = s;
-        *e.counter = 0;  // zero again for the next launch (stream-ordered after this one) and for graph replay
-    }
+    if (threadIdx.x == 0) e.partials[blockIdx.x] = b;
 }
 
 // Fused epilogue of the block-per-rows GEMV (kernels/gemv.cu): as gemv_store_rows (the same sums in the same order),

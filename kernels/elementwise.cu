@@ -37,6 +37,7 @@ __global__ void embedding_kernel(float* out, const __half* table, const int* tok
 __global__ void embedding_norm_prep_kernel(float* x, __half* xg, float* ss, const __half* table, const int* tokens,
                                            const float* g, int dim, int vocab) {
     pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int token = tokens[0];
     const bool bad = token < 0 || token >= vocab;
     const __half* row = table + static_cast<int64_t>(bad ? 0 : token) * dim;

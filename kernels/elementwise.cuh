@@ -12,7 +12,7 @@ void embedding(float* out, const __half* table, const int* tokens, int T, int di
 
 // The decode step's first norm folded into the next GEMV (kernels/gemv_epilogue.h): for the one token *token,
 // x[i] = float(table[token][i]), xg[i] = fp16(x[i] * g[i]) (g: layer 0's attn_norm), *ss = sum of x[i]^2 (one
-// block, fixed summation order). An id outside [0, vocab) gives NaNs.
+// block, fixed summation order; the consumer's NormScale{ss, count 1}). An id outside [0, vocab) gives NaNs.
 void embedding_norm_prep(float* x, __half* xg, float* ss, const __half* table, const int* token, const float* g,
                          int dim, int vocab, cudaStream_t stream);
 

@@ -55,6 +55,9 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
         for (int r = 0; r < R; ++r) cur[u][r] = c + u * 32 < c_end ? load_stream(w[r] + c + u * 32) : zero;
     pdl_trigger();
     pdl_wait();
+    constexpr bool kNorm = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU;
+    [[maybe_unused]] float ss_share = 0.0f;  // the producer's partial sums of x^2, loaded while the weights stream
+    if constexpr (kNorm) ss_share = epi_partials_share(e.norm);
 
     float acc[R] = {};
     for (; c < c_end; c += U * 32) {
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
     if constexpr (E == GemvEpilogue::Store) {
         gemv_store_rows<R, W, KS>(y, acc, row0, rows, warp, seg, lane);
     } else {
-        const float inv = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU ? epi_inv_rms(e.norm) : 1.0f;
+        const float inv = kNorm ? epi_inv_rms(e.norm, ss_share) : 1.0f;
         gemv_epilogue_rows<R, W, KS, E>(y, acc, row0, rows, warp, seg, lane, e, inv);
     }
 }
@@ -123,7 +126,7 @@ void check_fused(const __half* W, const __half* x, int rows, int cols, const Nor
     QUEST_REQUIRE(W && x && rows > 0 && cols > 0, std::string(who) + ": bad arguments");
     QUEST_REQUIRE(gemv_fused_supported(W, x, cols),
                   std::string(who) + ": needs cols % 8 == 0 and 16-byte aligned W and x (else rms_norm + gemv)");
-    if (n) QUEST_REQUIRE(n->ss && n->n > 0, std::string(who) + ": bad NormScale");
+    if (n) QUEST_REQUIRE(n->partials && n->count > 0 && n->n > 0, std::string(who) + ": bad NormScale");
 }
 
 // Any cols (tiny models such as stories260K, whose MLP width 172 is not a multiple of 8): scalar loads.
@@ -190,7 +193,7 @@ int gemv_residual_partials(int rows) { return ceil_div(rows, kFusedRowsPerBlock)
 void gemv_residual(const ResidualNorm& out, const __half* W, const __half* x, int rows, int cols,
                    cudaStream_t stream) {
     check_fused(W, x, rows, cols, nullptr, "gemv_residual");
-    QUEST_REQUIRE(out.x && out.xg && out.g && out.ss && out.partials && out.counter && is_aligned(out.xg, 16),
+    QUEST_REQUIRE(out.x && out.xg && out.g && out.partials && is_aligned(out.xg, 16),
                   "gemv_residual: bad ResidualNorm");
     QUEST_REQUIRE(out.partials_capacity >= gemv_residual_partials(rows),
                   "gemv_residual: partials_capacity < gemv_residual_partials(rows)");

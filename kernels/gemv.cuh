@@ -23,8 +23,9 @@ void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, i
 //   gemv_scaled:   y[r] = inv * (W xg)[r]                                    (qkv, lm_head)
 //   gemv_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i, rows = 2 F even):
 //                  act[i] = fp16(silu(inv (W xg)[2i]) * inv (W xg)[2i + 1])    (gate+up; act [rows / 2])
-//   gemv_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), ss = sum x^2   (o, down)
-// with inv = rsqrtf(*norm.ss / norm.n + eps). Each needs gemv_fused_supported (cols % 8 == 0, 16-byte aligned W and
+//   gemv_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), per-block partial sums of x^2
+//                  (gemv_residual_partials of them)                           (o, down)
+// with inv = rsqrtf(ss / norm.n + eps), ss = the sum of norm.partials[0 .. norm.count), added by every block. Each needs gemv_fused_supported (cols % 8 == 0, 16-byte aligned W and
 // input; else the model keeps rms_norm / swiglu / gemv). No allocation or synchronisation (graph-safe).
 bool gemv_fused_supported(const __half* W, const __half* x, int cols);
 void gemv_scaled(float* y, const __half* W, const __half* xg, int rows, int cols, const NormScale& norm,

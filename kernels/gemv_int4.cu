@@ -260,7 +260,8 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
     // after rms_norm: the residual stream's massive activations (|x| ~ 2.5K in Llama-2-7B) times 8 codes of up to 15
     // would overflow fp16. The row sums then need no factor.
     constexpr bool kNormIn = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU;
-    [[maybe_unused]] const float inv_in = kNormIn ? epi_inv_rms(e.norm) : 1.0f;
+    [[maybe_unused]] float inv_in = 1.0f;
+    if constexpr (kNormIn) inv_in = epi_inv_rms(e.norm, epi_partials_share(e.norm));  // every thread: barriers
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     for (int i = threadIdx.x; i < chunks * 4; i += W * 32) {
         uint4 v = xv[i];
@@ -1231,7 +1232,7 @@ void check_fused(const Int4View& W, const __half* x, const NormScale* n, const c
     check_view(W, who);
     QUEST_REQUIRE(x && is_aligned(x, 16), std::string(who) + ": a 16-byte aligned input is required");
     QUEST_REQUIRE(fused_fits(W), std::string(who) + ": x does not fit in shared memory (cols too large)");
-    if (n) QUEST_REQUIRE(n->ss && n->n > 0, std::string(who) + ": bad NormScale");
+    if (n) QUEST_REQUIRE(n->partials && n->count > 0 && n->n > 0, std::string(who) + ": bad NormScale");
 }
 }  // namespace
 
@@ -1259,7 +1260,7 @@ int gemv_int4_residual_partials(const Int4View& W) {
 
 void gemv_int4_residual(const ResidualNorm& out, const Int4View& W, const __half* x, cudaStream_t stream) {
     check_fused(W, x, nullptr, "gemv_int4_residual");
-    QUEST_REQUIRE(out.x && out.xg && out.g && out.ss && out.partials && out.counter,
+    QUEST_REQUIRE(out.x && out.xg && out.g && out.partials,
                   "gemv_int4_residual: bad ResidualNorm");
     QUEST_REQUIRE(out.partials_capacity >= gemv_int4_residual_partials(W),
                   "gemv_int4_residual: partials_capacity < gemv_int4_residual_partials(W)");

@@ -68,12 +68,13 @@ int gemv_int4_parse_variant(const char* text);
 
 // The decode step's fused epilogues (kernels/gemv_epilogue.h), on the kernel of variant 5 ("stream R2 U4 W8 S16",
 // the compiled default): the same tile sums as that variant, then
-//   gemv_int4_scaled:   y[r] = inv * (W xg)[r]                                       (qkv)
+//   gemv_int4_scaled:   y[r] = (W fp16(xg inv))[r]: the input normalised in shared memory  (qkv)
 //   gemv_int4_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i; rows even; the device layout's
 //                       permutation is per row, so the interleave is a row order):
-//                       act[i] = fp16(silu(inv (W xg)[2i]) * inv (W xg)[2i + 1])       (gate+up; act [rows / 2])
-//   gemv_int4_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), ss = sum x^2   (o, down)
-// inv = rsqrtf(*norm.ss / norm.n + eps). They require gemv_int4_fused_supported(W) (x in shared memory: cols up to
+//                       act[i] = fp16(silu(v[2i]) * v[2i + 1]), v = W fp16(xg inv)   (gate+up; act [rows / 2])
+//   gemv_int4_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), per-block partial sums of x^2
+//                       (gemv_int4_residual_partials of them)                             (o, down)
+// inv = rsqrtf(ss / norm.n + eps), ss = the sum of norm.partials[0 .. norm.count), added by every block. They require gemv_int4_fused_supported(W) (x in shared memory: cols up to
 // about 24K) and a 16-byte aligned input, whatever QUEST_INT4_GEMV says; gemv_int4_fused_available(W) adds that
 // gemv_int4() runs the same kernel (the default variant), which is when the model uses them (otherwise it keeps
 // rms_norm + gemv_int4 + swiglu, so that QUEST_INT4_GEMV still compares whole steps). No allocation or

@@ -366,10 +366,7 @@ void CudaLlama::choose_decode_path() {
     if (!opts_.fused_epilogues) why = "switched off (CudaOptions::fused_epilogues)";
     fused_decode_ = why.empty();
     if (fused_decode_) {
-        ss_ = DeviceBuffer<float>(1);
-        norm_partials_ = DeviceBuffer<float>(static_cast<size_t>(partials));
-        norm_counter_ = DeviceBuffer<unsigned>(1);
-        norm_counter_.fill_bytes(0);  // the residual epilogues leave it zero after every launch
+        norm_partials_ = DeviceBuffer<float>(static_cast<size_t>(std::max(partials, 1)));
         spdlog::info("decode step: RMSNorm, residual and SwiGLU fused into the GEMV epilogues");
     } else {
         spdlog::info("decode step: separate rms_norm / swiglu kernels ({})", why);
@@ -644,14 +641,18 @@ void CudaLlama::linear_gemv(float* y, const __half* w16, const Int4View& w4, con
     else gemv(y, w16, x, rows, cols, stream_);
 }
 
+NormScale CudaLlama::norm_input() const {
+    return NormScale{norm_partials_.get(), norm_count_, c_.hidden_size, static_cast<float>(c_.rms_norm_eps)};
+}
+
 void CudaLlama::linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols) {
-    const NormScale norm{ss_.get(), c_.hidden_size, static_cast<float>(c_.rms_norm_eps)};
+    const NormScale norm = norm_input();
     if (w4.valid()) gemv_int4_scaled(y, w4, xn_.get(), norm, stream_);
     else gemv_scaled(y, w16, xn_.get(), rows, cols, norm, stream_);
 }
 
 void CudaLlama::linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols) {
-    const NormScale norm{ss_.get(), c_.hidden_size, static_cast<float>(c_.rms_norm_eps)};
+    const NormScale norm = norm_input();
     if (w4.valid()) gemv_int4_swiglu(act_.get(), w4, xn_.get(), norm, stream_);
     else gemv_swiglu(act_.get(), w16, xn_.get(), rows, cols, norm, stream_);
 }
@@ -662,12 +663,11 @@ void CudaLlama::linear_gemv_residual(const float* next_norm, const __half* w16, 
     r.x = x_.get();
     r.xg = xn_.get();
     r.g = next_norm;
-    r.ss = ss_.get();
     r.partials = norm_partials_.get();
     r.partials_capacity = static_cast<int>(norm_partials_.size());
-    r.counter = norm_counter_.get();
     if (w4.valid()) gemv_int4_residual(r, w4, x, stream_);
     else gemv_residual(r, w16, x, rows, cols, stream_);
+    norm_count_ = w4.valid() ? gemv_int4_residual_partials(w4) : gemv_residual_partials(rows);  // the next norm's
 }
 
 std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
@@ -808,10 +808,11 @@ void CudaLlama::enqueue_decode_step() {
     CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), h_token_, sizeof(int), cudaMemcpyHostToDevice, stream_));
     if (fused_decode_) {
         // Norms, residual adds and SwiGLU in the GEMV epilogues (kernels/gemv_epilogue.h): each GEMV that adds into
-        // x also writes xg = fp16(x * g) for the next norm's weight g and ss = sum x^2; the next GEMV scales its sums
-        // by rsqrt(ss / H + eps). The mark() groups name the fused work they include.
-        embedding_norm_prep(x_.get(), xn_.get(), ss_.get(), embed_, d_tokens_.get(), layers_[0].attn_norm, H, V,
-                            stream_);
+        // x also writes xg = fp16(x * g) for the next norm's weight g and per-block partial sums of x^2; the next
+        // GEMV adds them and scales its sums by rsqrt(ss / H + eps). The mark() groups name the fused work they include.
+        embedding_norm_prep(x_.get(), xn_.get(), norm_partials_.get(), embed_, d_tokens_.get(), layers_[0].attn_norm,
+                            H, V, stream_);
+        norm_count_ = 1;
         mark("embedding + norm");
         for (int l = 0; l < c_.num_layers; ++l) {
             const Layer& L = layers_[l];
@@ -826,7 +827,7 @@ void CudaLlama::enqueue_decode_step() {
             linear_gemv_residual(next_norm, L.wdown, L.down4, act_.get(), H, F);
             mark("gemv down (+residual, norm)");
         }
-        gemv_scaled(logits_.get(), lm_head_, xn_.get(), V, H, NormScale{ss_.get(), H, eps}, stream_);
+        gemv_scaled(logits_.get(), lm_head_, xn_.get(), V, H, norm_input(), stream_);
         mark("gemv lm_head (+norm)");
     } else {
         embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);

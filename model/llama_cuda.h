@@ -117,6 +117,7 @@ private:
     void linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols);
     void linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows, int cols);
     // The fused decode GEMVs (kernels/gemv_epilogue.h): FP16 or int4 by the matrix's storage.
+    NormScale norm_input() const;  // the fused step's next norm: norm_partials_[0 .. norm_count_)
     void linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols);
     void linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols);
     void linear_gemv_residual(const float* next_norm, const __half* w16, const Int4View& w4, const __half* x, int rows,
@@ -162,13 +163,14 @@ private:
     RopeDeviceParams rope_;
     DeviceBuffer<int> d_pos_, d_tokens_;
     DeviceBuffer<float> x_, qkv_, proj_, gu_, logits_, ws_float_;
-    // Fused decode step (fused_decode_): xn_ holds xg = fp16(x * g) (not normalised), ss_ the sum of x^2, and the
-    // residual epilogues' per-block partial sums and finish counter (zero between launches).
+    // Fused decode step (fused_decode_): xn_ holds xg = fp16(x * g) (not normalised) and norm_partials_ the partial
+    // sums of x^2 of the kernel that wrote it: norm_count_ of them (1 after embedding_norm_prep, the residual GEMV's
+    // block count after it; set while the step is enqueued).
     bool fused_decode_ = false;
-    DeviceBuffer<float> ss_, norm_partials_;
-    DeviceBuffer<unsigned> norm_counter_;
+    DeviceBuffer<float> norm_partials_;
+    int norm_count_ = 0;
     DeviceBuffer<int> split_counters_;
-    DeviceBuffer<__half> xn_, q_, att_, act_;  // xn_: the fp16 input of qkv / gate+up / lm_head (see ss_)
+    DeviceBuffer<__half> xn_, q_, att_, act_;  // xn_: the fp16 input of qkv / gate+up / lm_head (see norm_partials_)
     DeviceBuffer<float> quest_scores_, quest_partial_;
     DeviceBuffer<int> quest_selected_, quest_counters_;
     DeviceBuffer<float> oracle_lse_;  // oracle selector: [num_heads][max_pages] page log-sum-exps (page_oracle.cuh)
