@@ -51,7 +51,7 @@ struct ModelFlags {
     bool match_bytes = false;
     bool no_graph = false;
     bool quest_fused = false;
-    bool unfused_norms = false;
+    std::string fused_norms = "auto";
     bool profile = false;
     std::string memory_limit;  // --memory-limit: "" = what the device (or host) has free
 
@@ -83,9 +83,10 @@ struct ModelFlags {
                        "head's cosine to its query at that selection is >= this (0 = off, -1 = always; CPU)");
         app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
         app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
-        app.add_flag("--unfused-norms", unfused_norms,
-                     "cuda: run the decode step's RMSNorms and SwiGLU as separate kernels instead of in the GEMV "
-                     "epilogues (for comparison)");
+        app.add_option("--fused-norms", fused_norms,
+                       "cuda: the decode step's RMSNorms, residual adds and SwiGLU in the GEMV epilogues: auto "
+                       "(with int4 weights, where it is faster), on, off (the separate kernels)")
+            ->check(CLI::IsMember({"auto", "on", "off"}));
         app.add_flag("--quest-fused", quest_fused,
                      "cuda: Quest layers score pages and select the top-k in one launch (measured slower at 32K on "
                      "the H200 than the default separate launches; docs/measurements.md)");
@@ -101,7 +102,7 @@ struct ModelFlags {
         o.quest = quest_settings();
         o.cuda_graph = !no_graph;
         o.quest_fused = quest_fused;
-        o.cuda_fused_epilogues = !unfused_norms;
+        o.cuda_fused_norms = fused_norms;
         o.profile = profile;
         o.memory_limit = memory_limit.empty() ? 0 : parse_byte_size(memory_limit, "--memory-limit");
         return o;

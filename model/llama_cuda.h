@@ -32,10 +32,14 @@ struct CudaOptions {
     // with group G (FP16 checkpoints are quantized on load, round-to-nearest; random weights are drawn as int4);
     // -1 stores every layer in FP16 (4-bit layers dequantized).
     int int4_group = 0;
-    // Decode step: the RMSNorms, residual adds and SwiGLU run in the epilogues of the GEMVs around them
-    // (kernels/gemv_epilogue.h) when every linear matrix supports it (chosen once at load, logged); false: the
-    // separate rms_norm / swiglu kernels (also what the prefill runs).
-    bool fused_epilogues = true;
+    // Decode step: the RMSNorms, residual adds and SwiGLU in the epilogues of the GEMVs around them
+    // (kernels/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs). Chosen once
+    // at load and logged. Auto: fused when every linear matrix of every layer is int4 with the fused kernel (the
+    // persistent int4 GEMV does the epilogue work once per block and SM: H200, 7B shape, 32K Quest 3.10 -> 2.88 ms);
+    // FP16 weights keep the separate kernels (the FP16 GEMV's thousands of short blocks each pay the partial sums:
+    // 4K full 4.51 -> 4.80 ms fused; docs/measurements.md). On: fused wherever every matrix supports it. Off: never.
+    enum class Fusion { Auto, On, Off };
+    Fusion fused_epilogues = Fusion::Auto;
 };
 
 // Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,
@@ -72,6 +76,7 @@ public:
 
     std::string name() const override { return "cuda"; }
     const ModelConfig& config() const override { return c_; }
+    bool fused_decode() const { return fused_decode_; }  // the decode step's norms in the GEMV epilogues (CudaOptions)
     const QuestSettings& quest() const override { return quest_; }
     int capacity() const override { return capacity_; }
     int position() const override { return pos_; }

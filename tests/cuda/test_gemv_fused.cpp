@@ -454,13 +454,16 @@ TEST(CudaFused, ModelDecodeStepEqualsTheSeparateKernels) {
         SCOPED_TRACE(group ? "int4" : "fp16");
         CudaOptions fused, separate;
         fused.int4_group = separate.int4_group = group;
-        separate.fused_epilogues = false;
+        fused.fused_epilogues = CudaOptions::Fusion::On;  // FP16 too (auto keeps FP16 on the separate kernels)
+        separate.fused_epilogues = CudaOptions::Fusion::Off;
         QuestSettings q;
         q.budget = 64;
         q.page_size = 16;
         q.dense_layers = 1;
         auto a = CudaLlama::random(c, q, 512, 5, fused);
         auto b = CudaLlama::random(c, q, 512, 5, separate);
+        ASSERT_TRUE(a->fused_decode());
+        ASSERT_FALSE(b->fused_decode());
         std::vector<int> prompt(200);
         for (int i = 0; i < 200; ++i) prompt[i] = 3 + (i * 37) % 900;
         auto la = a->prefill(prompt);
