@@ -141,17 +141,28 @@ __device__ __forceinline__ float block_sum_fixed(float v) {
     return warp_sum(v);
 }
 
-// This thread's share of ss = sum(n.partials[0 .. count)): entries tid, tid + blockDim, ... (the first four loaded
-// at once). Call after pdl_wait() (the partials come from the previous kernel), early: the loads overlap the weight
-// stream.
-__device__ __forceinline__ float epi_partials_share(const NormScale& n) {
-    const int t = threadIdx.x, bd = blockDim.x;
+// This thread's share of ss = sum(n.partials[0 .. count)): entries tid, tid + blockDim, ... Call after pdl_wait()
+// (the partials come from the previous kernel). In two parts so that a kernel can issue the loads early and add them
+// only when it needs the sum (the loads then complete behind its weight stream): epi_partials_load issues the first
+// four (registers), epi_partials_add adds them and any beyond 4 * blockDim (a plain loop).
+struct PartialsShare {
     float v[4];
+};
+__device__ __forceinline__ PartialsShare epi_partials_load(const NormScale& n) {
+    const int t = threadIdx.x, bd = blockDim.x;
+    PartialsShare p;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) v[k] = t + k * bd < n.count ? __ldcg(n.partials + t + k * bd) : 0.0f;
-    float s = (v[0] + v[1]) + (v[2] + v[3]);
+    for (int k = 0; k < 4; ++k) p.v[k] = t + k * bd < n.count ? __ldcg(n.partials + t + k * bd) : 0.0f;
+    return p;
+}
+__device__ __forceinline__ float epi_partials_add(const NormScale& n, const PartialsShare& p) {
+    const int t = threadIdx.x, bd = blockDim.x;
+    float s = (p.v[0] + p.v[1]) + (p.v[2] + p.v[3]);
     for (int i = t + 4 * bd; i < n.count; i += bd) s += __ldcg(n.partials + i);
     return s;
+}
+__device__ __forceinline__ float epi_partials_share(const NormScale& n) {
+    return epi_partials_add(n, epi_partials_load(n));
 }
 
 // inv = rsqrtf(ss / n + eps) from every thread's epi_partials_share (block_sum_fixed: the same bits in every block

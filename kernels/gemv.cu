@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
     pdl_trigger();
     pdl_wait();
     constexpr bool kNorm = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU;
-    [[maybe_unused]] float ss_share = 0.0f;  // the producer's partial sums of x^2, loaded while the weights stream
-    if constexpr (kNorm) ss_share = epi_partials_share(e.norm);
+    // The producer's partial sums of x^2: loaded now, added in the epilogue (the loads complete behind the weights).
+    [[maybe_unused]] PartialsShare ss_part{};
+    if constexpr (kNorm) ss_part = epi_partials_load(e.norm);
 
     float acc[R] = {};
     for (; c < c_end; c += U * 32) {
@@ -80,7 +81,8 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
     if constexpr (E == GemvEpilogue::Store) {
         gemv_store_rows<R, W, KS>(y, acc, row0, rows, warp, seg, lane);
     } else {
-        const float inv = kNorm ? epi_inv_rms(e.norm, ss_share) : 1.0f;
+        float inv = 1.0f;
+        if constexpr (kNorm) inv = epi_inv_rms(e.norm, epi_partials_add(e.norm, ss_part));
         gemv_epilogue_rows<R, W, KS, E>(y, acc, row0, rows, warp, seg, lane, e, inv);
     }
 }

@@ -133,9 +133,11 @@ struct TopkSmem {
 // One selection row, the whole block (THREADS threads) cooperating: writes out[0 .. k) = the indices of the k largest
 // of in[0 .. n) (ties: lower index), ascending. Requires 1 <= k < n. The scores are read with ld.global.cg (L2, never
 // the non-coherent read-only path), so they may have been written by other blocks of the same grid (after a fence).
-// Ends with a block barrier: the shared memory may be reused at once.
+// Ends with a block barrier: the shared memory may be reused at once. pre (optional): the scores of the first round,
+// in[u * THREADS + tid] for u < kTopkUnroll, already loaded by the caller (any value where the index is >= n).
 template <int THREADS>
-__device__ void topk_select_row(int* __restrict__ out, const float* in, int n, int k, const TopkSmem& sm) {
+__device__ void topk_select_row(int* __restrict__ out, const float* in, int n, int k, const TopkSmem& sm,
+                                const float* pre = nullptr) {
     constexpr int WARPS = THREADS / 32;
     constexpr int BINS_PER_THREAD = kTopkBins / THREADS;
     static_assert(kTopkBins % THREADS == 0 && WARPS <= 32, "block size");
@@ -151,7 +153,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 #pragma unroll
         for (int u = 0; u < kTopkUnroll; ++u) {
             const int i = base + u * THREADS + tid;
-            key[u] = i < n ? float_key(ld_score(in + i)) : 0u;
+            key[u] = i < n ? float_key(pre && base == 0 ? pre[u] : ld_score(in + i)) : 0u;
         }
 #pragma unroll
         for (int u = 0; u < kTopkUnroll; ++u) {
@@ -312,6 +314,14 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
     const int tid = threadIdx.x;
     int* out = selected + static_cast<size_t>(blockIdx.x) * select_stride;
     const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
+    // The first round of scores is loaded together with the position (one dependent round trip less): entries
+    // u * kTopkThreads + tid < score_stride of the row (those past this step's candidates are never used).
+    float pre[kTopkUnroll];
+#pragma unroll
+    for (int u = 0; u < kTopkUnroll; ++u) {
+        const int i = u * kTopkThreads + tid;
+        pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
+    }
     const int len = *d_pos + 1;
     if (len < 1) return;
     const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
@@ -331,7 +341,7 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
         return;
     }
     const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, &s_digit, &s_above};
-    topk_select_row<kTopkThreads>(out, in, n, k, sm);
+    topk_select_row<kTopkThreads>(out, in, n, k, sm, pre);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
