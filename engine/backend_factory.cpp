@@ -39,10 +39,7 @@ CudaOptions cuda_options(const BackendOptions& o) {
     CudaOptions c;
     c.use_graph = o.cuda_graph;
     c.quest_fused = o.quest_fused;
-    if (o.cuda_fused_norms == "auto") c.fused_epilogues = CudaOptions::Fusion::Auto;
-    else if (o.cuda_fused_norms == "on") c.fused_epilogues = CudaOptions::Fusion::On;
-    else if (o.cuda_fused_norms == "off") c.fused_epilogues = CudaOptions::Fusion::Off;
-    else throw InputError("--fused-norms: expected auto, on or off, got '" + o.cuda_fused_norms + "'");
+    c.fused_epilogues = o.cuda_fused_norms;
     c.memory_limit = o.memory_limit;
     c.profile = o.profile;
     c.int4_group = o.weights == BackendOptions::WeightFormat::Int4   ? o.int4_group

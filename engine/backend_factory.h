@@ -13,9 +13,7 @@ struct BackendOptions {
     int capacity = 0;          // KV cache tokens
     QuestSettings quest;
     bool cuda_graph = true;      // cuda: replay the decode step as a CUDA graph
-    // cuda: the decode step's norms / residual adds / SwiGLU in the GEMVs' epilogues: "auto" (int4 weights), "on",
-    // "off" (CudaOptions::fused_epilogues)
-    std::string cuda_fused_norms = "auto";
+    bool cuda_fused_norms = true;  // cuda: the decode step's norms / residual / SwiGLU in the GEMVs' epilogues
     bool quest_fused = false;    // cuda: Quest layers score and select pages in one launch (default: separate launches)
     size_t memory_limit = 0;     // bytes the memory plan may use (0: what the device has free; cpu: host memory)
     bool profile = false;        // cuda: time the decode step's kernel groups (eager launches)

@@ -363,11 +363,7 @@ void CudaLlama::choose_decode_path() {
         }
     }
     check(lm_head_, Int4View{}, xn_.get(), H, "lm_head");
-    if (why.empty() && opts_.fused_epilogues == CudaOptions::Fusion::Auto)
-        for (const Layer& L : layers_)
-            if (!L.qkv4.valid() || !L.o4.valid() || !L.gu4.valid() || !L.down4.valid())
-                why = "FP16 linear layers (measured faster with the separate kernels; --fused-norms on forces it)";
-    if (opts_.fused_epilogues == CudaOptions::Fusion::Off) why = "switched off (--fused-norms off)";
+    if (!opts_.fused_epilogues) why = "switched off (--fused-norms off)";
     fused_decode_ = why.empty();
     if (fused_decode_) {
         norm_partials_ = DeviceBuffer<float>(static_cast<size_t>(std::max(partials, 1)));

@@ -33,13 +33,10 @@ struct CudaOptions {
     // -1 stores every layer in FP16 (4-bit layers dequantized).
     int int4_group = 0;
     // Decode step: the RMSNorms, residual adds and SwiGLU in the epilogues of the GEMVs around them
-    // (kernels/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs). Chosen once
-    // at load and logged. Auto: fused when every linear matrix of every layer is int4 with the fused kernel (the
-    // persistent int4 GEMV does the epilogue work once per block and SM: H200, 7B shape, 32K Quest 3.10 -> 2.88 ms);
-    // FP16 weights keep the separate kernels (the FP16 GEMV's thousands of short blocks each pay the partial sums:
-    // 4K full 4.51 -> 4.80 ms fused; docs/measurements.md). On: fused wherever every matrix supports it. Off: never.
-    enum class Fusion { Auto, On, Off };
-    Fusion fused_epilogues = Fusion::Auto;
+    // (kernels/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs), when every
+    // linear matrix has a fused kernel; chosen once at load and logged. H200, 7B shape, p50 (docs/measurements.md):
+    // FP16 32K Quest 4.82 -> 4.61 ms, 4K full 4.47 -> 4.28; int4 32K Quest 3.10 -> 2.88. false: the separate kernels.
+    bool fused_epilogues = true;
 };
 
 // Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,

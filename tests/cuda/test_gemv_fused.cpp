@@ -454,8 +454,7 @@ TEST(CudaFused, ModelDecodeStepEqualsTheSeparateKernels) {
         SCOPED_TRACE(group ? "int4" : "fp16");
         CudaOptions fused, separate;
         fused.int4_group = separate.int4_group = group;
-        fused.fused_epilogues = CudaOptions::Fusion::On;  // FP16 too (auto keeps FP16 on the separate kernels)
-        separate.fused_epilogues = CudaOptions::Fusion::Off;
+        separate.fused_epilogues = false;
         QuestSettings q;
         q.budget = 64;
         q.page_size = 16;
