@@ -8,17 +8,6 @@ namespace quest {
 namespace {
 
 
-// Sum over the block; every thread gets the result. `red` holds 32 floats.
-__device__ float block_sum(float v, float* red) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-    v = warp_sum(v);
-    __syncthreads();  // red may still be read from a previous call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < warps ? red[lane] : 0.0f;
-    return warp_sum(v);
-}
-
 __global__ void embedding_kernel(float* out, const __half* table, const int* tokens, int dim, int vocab) {
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
@@ -55,7 +44,6 @@ __global__ void embedding_norm_prep_kernel(float* x, __half* xg, float* ss, cons
 __global__ void rms_norm_kernel(__half* out, float* x, const float* residual, const float* w, int n, float eps) {
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
-    __shared__ float red[32];
     const int64_t row = blockIdx.x;
     float* xr = x + row * n;
     const float* rr = residual ? residual + row * n : nullptr;
@@ -68,7 +56,7 @@ __global__ void rms_norm_kernel(__half* out, float* x, const float* residual, co
         }
         ss += v * v;
     }
-    const float inv = rsqrtf(block_sum(ss, red) / static_cast<float>(n) + eps);
+    const float inv = rsqrtf(block_sum_fixed(ss) / static_cast<float>(n) + eps);
     __half* o = out + row * n;
     for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2half_rn(w[i] * (xr[i] * inv));
 }

@@ -9,6 +9,8 @@
 
 #include "kernels/cuda_common.cuh"
 #include "kernels/device_buffer.h"
+#include "kernels/gemv_int4.cuh"
+#include "kernels/quant.h"
 #include "kernels/quest.h"
 #include "kernels/rope.cuh"
 #include "model/dtype.h"
@@ -135,5 +137,23 @@ inline PagedKv random_paged_kv(std::mt19937& rng, int hkv, int d, int s, int cap
         }
     return r;
 }
+
+// An Int4Matrix on the device, its codes repacked into the device layout (kernels/int4_layout.h) as the CUDA
+// backend does at upload.
+struct DeviceInt4 {
+    DeviceBuffer<uint32_t> qweight;
+    DeviceBuffer<__half> scales;
+    DeviceBuffer<uint8_t> zeros;
+    Int4View view;
+    explicit DeviceInt4(const Int4Matrix& m)
+        : qweight(m.qweight.size()), scales(m.scales.size()), zeros(m.zeros.size()) {
+        std::vector<uint32_t> q = m.qweight;
+        int4_to_device_layout(q, m.rows, m.cols, m.group);
+        qweight.upload(q);
+        CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size() * 2, cudaMemcpyHostToDevice));
+        zeros.upload(m.zeros);
+        view = {qweight.get(), scales.get(), zeros.get(), m.rows, m.cols, m.group};
+    }
+};
 
 }  // namespace quest::test

@@ -46,23 +46,6 @@ DeviceBuffer<T> upload(const std::vector<T>& v) {
     return d;
 }
 
-// An int4 matrix on the device in the device layout (as the CUDA backend uploads it).
-struct DeviceInt4 {
-    DeviceBuffer<uint32_t> qweight;
-    DeviceBuffer<__half> scales;
-    DeviceBuffer<uint8_t> zeros;
-    Int4View view;
-    explicit DeviceInt4(const Int4Matrix& m)
-        : qweight(m.qweight.size()), scales(m.scales.size()), zeros(m.zeros.size()) {
-        std::vector<uint32_t> q = m.qweight;
-        int4_to_device_layout(q, m.rows, m.cols, m.group);
-        qweight.upload(q);
-        CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size() * 2, cudaMemcpyHostToDevice));
-        zeros.upload(m.zeros);
-        view = {qweight.get(), scales.get(), zeros.get(), m.rows, m.cols, m.group};
-    }
-};
-
 // A weight matrix in FP16 or int4 (group > 0), with the fused and the unfused GEMV of the same kernel.
 struct Matrix {
     int rows = 0, cols = 0, group = 0;

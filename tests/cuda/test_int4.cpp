@@ -34,24 +34,6 @@ namespace {
 constexpr double kGemvTol = 3e-3;
 constexpr double kLogitTol = 2e-2;
 
-// An Int4Matrix on the device, its codes repacked into the device layout (kernels/int4_layout.h) as the CUDA
-// backend does at upload.
-struct DeviceInt4 {
-    DeviceBuffer<uint32_t> qweight;
-    DeviceBuffer<__half> scales;
-    DeviceBuffer<uint8_t> zeros;
-    Int4View view;
-    explicit DeviceInt4(const Int4Matrix& m)
-        : qweight(m.qweight.size()), scales(m.scales.size()), zeros(m.zeros.size()) {
-        std::vector<uint32_t> q = m.qweight;
-        int4_to_device_layout(q, m.rows, m.cols, m.group);
-        qweight.upload(q);
-        CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size() * 2, cudaMemcpyHostToDevice));
-        zeros.upload(m.zeros);
-        view = {qweight.get(), scales.get(), zeros.get(), m.rows, m.cols, m.group};
-    }
-};
-
 template <typename T>
 DeviceBuffer<T> upload(const std::vector<T>& v) {
     DeviceBuffer<T> d(v.size());
