@@ -73,6 +73,14 @@ inline __half half_nan() {
     return __half(r);
 }
 
+// A device copy of a host vector.
+template <typename T>
+DeviceBuffer<T> upload(const std::vector<T>& v) {
+    DeviceBuffer<T> d(v.size());
+    d.upload(v);
+    return d;
+}
+
 // One layer's KV cache and fp16 page metadata, on the host (fp16-exact floats) and on the device.
 struct LayerCache {
     int hkv = 0, d = 0, s = 0, cap = 0, max_pages = 0;

@@ -39,13 +39,6 @@ namespace {
 constexpr float kEps = 1e-5f;
 constexpr double kHalfOutTol = 1.5e-3;
 
-template <typename T>
-DeviceBuffer<T> upload(const std::vector<T>& v) {
-    DeviceBuffer<T> d(v.size());
-    d.upload(v);
-    return d;
-}
-
 // A weight matrix in FP16 or int4 (group > 0), with the fused and the unfused GEMV of the same kernel.
 struct Matrix {
     int rows = 0, cols = 0, group = 0;

@@ -34,13 +34,6 @@ namespace {
 constexpr double kGemvTol = 3e-3;
 constexpr double kLogitTol = 2e-2;
 
-template <typename T>
-DeviceBuffer<T> upload(const std::vector<T>& v) {
-    DeviceBuffer<T> d(v.size());
-    d.upload(v);
-    return d;
-}
-
 int top1(std::span<const float> l) { return int(std::max_element(l.begin(), l.end()) - l.begin()); }
 
 std::vector<float> slice(const std::vector<float>& v, size_t i, size_t n) {

@@ -25,13 +25,6 @@ namespace {
 // fp16 outputs carry ~2^-11 relative rounding per element.
 constexpr double kHalfOutTol = 1.5e-3;
 
-template <typename T>
-DeviceBuffer<T> upload(const std::vector<T>& v) {
-    DeviceBuffer<T> d(v.size());
-    d.upload(v);
-    return d;
-}
-
 }  // namespace
 
 TEST(CudaOps, Embedding) {
