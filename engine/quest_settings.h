@@ -16,7 +16,7 @@ struct QuestSettings {
     int budget = 2048;            // B: tokens read per step in a Quest layer (a read budget, not a storage cap)
     int page_size = 16;           // S: tokens per KV page (also the granularity of the page metadata)
     int dense_layers = 2;         // layers [0, dense_layers) always use full attention
-    GqaPolicy gqa_policy = GqaPolicy::KvMax;
+    GqaPolicy gqa_policy = GqaPolicy::KvSum;   // docs/quest.md: why kv-sum
     PageSelector selector = PageSelector::Quest;  // quest (the paper), streaming (baseline), oracle (evaluation),
                                                   // two-level (coarse shortlist, sub-page re-rank)
     MetadataFormat metadata = MetadataFormat::Fp16;  // page bounds read by quest / two-level: fp16 (exact), int8, int4
@@ -36,7 +36,7 @@ struct QuestSettings {
     int cache_sub_page() const { return !full_attention && selector == PageSelector::TwoLevel ? sub_page : 0; }
     // Throws InputError naming the setting: page size a power of two in [1, 256], budget >= page size, ...
     void validate() const;
-    std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-max" or "full attention"
+    std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-sum" or "full attention"
     // The policy in `quest eval jsonl --policies` syntax (parse_policy_spec): the selector, then the options that
     // differ from the defaults, e.g. "quest", "two-level+int8+s2", "quest+p0.95"; "full" under full attention.
     std::string policy_label() const;

@@ -23,8 +23,8 @@ namespace quest {
 
 // How one page set is chosen for the query heads that share a KV head (grouped-query attention).
 enum class GqaPolicy {
-    KvMax,    // one page set per KV head, pages ranked by the max of the group's scores (default)
-    KvSum,    // one page set per KV head, ranked by the sum of the group's scores
+    KvMax,    // one page set per KV head, pages ranked by the max of the group's scores
+    KvSum,    // one page set per KV head, ranked by the sum of the group's scores (the engine's default)
     PerHead,  // every query head ranks and selects its own pages (the paper's MHA rule, applied per query head)
 };
 std::string_view gqa_policy_name(GqaPolicy p);

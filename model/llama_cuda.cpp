@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <stdexcept>
 
 #include "kernels/attention_prefill.cuh"
 #include "kernels/elementwise.cuh"
@@ -325,6 +326,10 @@ void CudaLlama::allocate() {
         quest_ws_.partial_o = quest_partial_.get();
         quest_ws_.partial_ml = quest_partial_.get() + qs.partial_o;
         quest_ws_.counters = quest_counters_.get();
+        if (opts_.record_selections) {
+            selection_log_ = DeviceBuffer<int>(qs.selected * c_.num_layers);
+            score_log_ = DeviceBuffer<float>(qs.scores * c_.num_layers);
+        }
     }
     choose_decode_path();
     if (uses_oracle(quest_)) oracle_lse_ = DeviceBuffer<float>(oracle_workspace_floats(c_.num_heads, max_pages_));
@@ -400,6 +405,35 @@ PageCodesView CudaLlama::codes_view(int layer) const {
     v.codes = codes_.get() + i * page_codes_bytes(quest_.metadata, c_.num_kv_heads, c_.head_dim, max_pages_);
     v.scales = code_scales_.get() + i * page_code_scales_bytes(c_.num_kv_heads, max_pages_) / sizeof(float);
     return v;
+}
+
+SelectionTrace CudaLlama::last_selection(int layer) const {
+    if (!opts_.record_selections || selection_log_.size() == 0)
+        throw std::logic_error("last_selection: needs CudaOptions::record_selections and Quest layers");
+    if (layer < 0 || layer >= c_.num_layers || !quest_.quest_layer(layer) || quest_.selector == PageSelector::Streaming ||
+        match_.on())
+        throw std::logic_error("last_selection: layer " + std::to_string(layer) +
+                               " is not a Quest layer of the quest / oracle selector with a fixed budget");
+    const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
+    const int K = quest_.page_budget(), S = quest_.page_size;
+    const int P = (pos_ + S - 1) / S;
+    const size_t sel = selection_log_.size() / c_.num_layers, sc = score_log_.size() / c_.num_layers;
+    std::vector<int> pages(sel);
+    std::vector<float> scores(sc);
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    CUDA_CHECK(cudaMemcpy(pages.data(), selection_log_.get() + layer * sel, sel * sizeof(int), cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(scores.data(), score_log_.get() + layer * sc, sc * sizeof(float), cudaMemcpyDeviceToHost));
+    SelectionTrace t;
+    const int group = c_.num_heads / c_.num_kv_heads, count = std::min(P, K);
+    for (int h = 0; h < c_.num_heads; ++h) {
+        const int r = rows == c_.num_heads ? h : h / group;
+        const int* row = pages.data() + static_cast<size_t>(r) * (sel / rows);
+        t.pages.emplace_back(row, row + count);
+        std::sort(t.pages.back().begin(), t.pages.back().end());
+        const float* srow = scores.data() + static_cast<size_t>(r) * max_pages_;
+        t.scores.emplace_back(P > K ? std::vector<float>(srow, srow + P - 1) : std::vector<float>{});
+    }
+    return t;
 }
 
 void CudaLlama::reset() {
@@ -796,6 +830,13 @@ void CudaLlama::enqueue_attention(int l, float scale) {
         attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
                          stream_);
         mark("attention full");
+    }
+    if (quest_.quest_layer(l) && opts_.record_selections) {
+        const size_t sel = quest_selected_.size(), sc = quest_scores_.size();
+        CUDA_CHECK(cudaMemcpyAsync(selection_log_.get() + l * sel, quest_selected_.get(), sel * sizeof(int),
+                                   cudaMemcpyDeviceToDevice, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(score_log_.get() + l * sc, quest_scores_.get(), sc * sizeof(float),
+                                   cudaMemcpyDeviceToDevice, stream_));
     }
 }
 

@@ -37,6 +37,16 @@ struct CudaOptions {
     // linear matrix has a fused kernel; chosen once at load and logged. H200, 7B shape, p50 (docs/measurements.md):
     // FP16 32K Quest 4.82 -> 4.61 ms, 4K full 4.47 -> 4.28; int4 32K Quest 3.10 -> 2.88. false: the separate kernels.
     bool fused_epilogues = true;
+    // Tests and diagnostics: after each Quest layer of a decode step, copy its selected pages and page scores to a
+    // per-layer log (two device-to-device copies per Quest layer, in the graph), read by last_selection().
+    bool record_selections = false;
+};
+
+// One Quest layer's selection at the last decode step (CudaLlama::last_selection).
+struct SelectionTrace {
+    std::vector<std::vector<int>> pages;     // [query head] pages it attended, ascending (CpuLlama::last_selection)
+    std::vector<std::vector<float>> scores;  // [query head] its selection row's scores of pages [0, P - 1) (the
+                                             // last page is always taken); empty at a dense step (P <= budget)
 };
 
 // Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,
@@ -93,6 +103,9 @@ public:
     // quest selector keep (codes == nullptr otherwise).
     KvLayerView kv_view(int layer) const;
     PageCodesView codes_view(int layer) const;
+    // With CudaOptions::record_selections: layer l's selection at the last decode step (l a Quest layer of the quest
+    // or oracle selector; without a bytes-matched budget). Synchronises; not for the decode loop.
+    SelectionTrace last_selection(int layer) const;
 
 private:
     CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearGroups groups);
@@ -177,6 +190,10 @@ private:
     DeviceBuffer<int> quest_selected_, quest_counters_;
     DeviceBuffer<float> oracle_lse_;  // oracle selector: [num_heads][max_pages] page log-sum-exps (page_oracle.cuh)
     QuestWorkspace quest_ws_;
+    // CudaOptions::record_selections: [layers][rows][select stride] and [layers][rows][max_pages] copies of
+    // quest_selected_ / quest_scores_ after each Quest layer.
+    DeviceBuffer<int> selection_log_;
+    DeviceBuffer<float> score_log_;
     SplitWorkspace split_ws_;
     DeviceBuffer<float> chunk_logits_;  // [prefill_chunk][vocab], allocated when all logits are asked for
 

@@ -190,7 +190,7 @@ TEST(Quest, SettingsValidation) {
     EXPECT_EQ(d.budget, 2048);
     EXPECT_EQ(d.page_size, 16);
     EXPECT_EQ(d.dense_layers, 2);
-    EXPECT_EQ(d.gqa_policy, GqaPolicy::KvMax);
+    EXPECT_EQ(d.gqa_policy, GqaPolicy::KvSum);
     const QuestSettings o = parse_quest_settings(R"({"budget": 64, "gqa_policy": "per-head"})", "t.json", d);
     EXPECT_EQ(o.budget, 64);
     EXPECT_EQ(o.page_size, 16);

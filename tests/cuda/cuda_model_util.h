@@ -1,7 +1,12 @@
 #pragma once
 // The CPU backend on the same FP16-rounded weights as the GPU (norm weights stay fp32 on both), for the CUDA model
 // tests: what remains between the two is the GPU's fp16 activations and summation order.
+#include <algorithm>
+#include <cmath>
 #include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "engine/backend.h"
 #include "engine/quest_settings.h"
@@ -26,6 +31,52 @@ inline std::shared_ptr<LlamaWeightsF32> fp16_rounded_weights(const ModelFolder& 
 
 inline std::unique_ptr<Backend> cpu_fp16_weights(const ModelFolder& m, const QuestSettings& q, int capacity) {
     return std::make_unique<CpuLlama>(fp16_rounded_weights(m), q, capacity);
+}
+
+// Two backends' page selections of one Quest layer at one step, per query head (ascending pages; SelectionTrace /
+// CpuLlama::last_selection), judged with `scores`, the scores one of them ranked by ([head][P - 1]).
+//   equal:     the same pages for every head;
+//   near_tie:  they differ, and for every head each page only one side took scores within `tol` x the row's largest
+//              |score| of every page only the other side took (rounding of inputs that agree to about tol can swap
+//              them: a legitimate divergence, after which the two runs' caches differ);
+//   otherwise: a difference no rounding explains (a bug); `what` says where.
+struct SelectionCompare {
+    bool equal = true;
+    bool near_tie = false;
+    std::string what;
+};
+inline SelectionCompare compare_selections(const std::vector<std::vector<int>>& a,
+                                           const std::vector<std::vector<int>>& b,
+                                           const std::vector<std::vector<float>>& scores, double tol) {
+    SelectionCompare r;
+    std::ostringstream os;
+    bool explained = true;
+    for (size_t h = 0; h < a.size() && h < b.size(); ++h) {
+        if (a[h] == b[h]) continue;
+        r.equal = false;
+        std::vector<int> only_a, only_b;
+        std::set_difference(a[h].begin(), a[h].end(), b[h].begin(), b[h].end(), std::back_inserter(only_a));
+        std::set_difference(b[h].begin(), b[h].end(), a[h].begin(), a[h].end(), std::back_inserter(only_b));
+        const std::vector<float>& s = scores[h];
+        double scale = 0, gap = 0;
+        for (float v : s) scale = std::max(scale, double(std::fabs(v)));
+        bool in_range = !only_a.empty() && only_a.size() == only_b.size();
+        for (int p : only_a)
+            for (int q : only_b) {
+                if (p < 0 || q < 0 || p >= int(s.size()) || q >= int(s.size())) {
+                    in_range = false;
+                    continue;
+                }
+                gap = std::max(gap, std::fabs(double(s[p]) - double(s[q])));
+            }
+        const bool tie = in_range && gap <= tol * scale;
+        explained = explained && tie;
+        os << "head " << h << ": " << only_a.size() << " page(s) swapped, score gap " << gap << " of max |score| "
+           << scale << (tie ? " (near tie)" : " (NOT a near tie)") << "; ";
+    }
+    r.near_tie = !r.equal && explained;
+    r.what = os.str();
+    return r;
 }
 
 }  // namespace quest::test

@@ -187,38 +187,79 @@ TEST(CudaModel, MemoryPlanRefusesWhatDoesNotFit) {
 }
 
 // A conversation on the GPU: prefill, decode, then a second prefill appended after decoded tokens (the next chat
-// turn), more decoding, then a reset and a fresh start — logits follow the CPU backend all along.
+// turn), more decoding, then a reset and a fresh start — logits follow the CPU backend all along, under each GQA
+// policy. Both backends' page selections are compared at every step in every Quest layer: while they agree, the
+// logits must agree; a different selection must be a near tie of the page scores (the random-weight model's pages
+// score alike, and the GPU's fp16 activations move scores by about 1e-3 of their range), after which the two caches
+// legitimately differ: both are reset and re-prefilled with the conversation so far, and the turn goes on from there.
 TEST(CudaModel, MultiTurnPrefillAfterDecodeFollowsCpu) {
     QUEST_REQUIRE_GPU();
     const ModelFolder m = open_model_folder(test::demo_model_dir());
-    QuestSettings q;
-    q.page_size = 16;
-    q.budget = 64;
-    auto cpu = test::cpu_fp16_weights(m, q, 700);
-    auto gpu = CudaLlama::from_folder(m, q, 700);
-    auto turn = [&](int first, int n_prompt, int n_decode) {
-        std::vector<int> prompt(n_prompt);
-        for (int i = 0; i < n_prompt; ++i) prompt[i] = 3 + (first + i * 29) % 500;
-        const auto la = cpu->prefill(prompt);
-        const std::vector<float> ca(la.begin(), la.end());
-        const auto lb = gpu->prefill(prompt);
-        const std::vector<float> cb(lb.begin(), lb.end());
-        EXPECT_LE(test::rel_err(cb, ca), 5e-2) << "prefill at " << cpu->position();
-        for (int t = 0; t < n_decode; ++t) {
-            const int tok = 3 + (first + t * 13) % 500;
-            const auto da = cpu->decode(tok);
-            const std::vector<float> a(da.begin(), da.end());
-            const auto db = gpu->decode(tok);
-            const std::vector<float> b(db.begin(), db.end());
-            EXPECT_LE(test::rel_err(b, a), 5e-2) << "decode at " << cpu->position();
-        }
-        EXPECT_EQ(gpu->position(), cpu->position());
-    };
-    turn(1, 300, 20);
-    turn(7, 150, 20);  // appended after the decoded tokens, crossing into Quest selection with more pages
-    cpu->reset();
-    gpu->reset();
-    turn(11, 100, 10);
+    const auto weights = test::fp16_rounded_weights(m);
+    for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
+        const std::string name(gqa_policy_name(policy));
+        SCOPED_TRACE(name);
+        QuestSettings q;
+        q.page_size = 16;
+        q.budget = 64;
+        q.gqa_policy = policy;
+        CpuLlama cpu(weights, q, 700);
+        CudaOptions o;
+        o.record_selections = true;
+        auto gpu = CudaLlama::from_folder(m, q, 700, o);
+        std::vector<int> history;  // the conversation's tokens since the last reset
+        int compared = 0, steps = 0;
+        auto prefill_both = [&](const std::vector<int>& tokens) {
+            const auto la = cpu.prefill(tokens);
+            const std::vector<float> ca(la.begin(), la.end());
+            const auto lb = gpu->prefill(tokens);
+            const std::vector<float> cb(lb.begin(), lb.end());
+            EXPECT_LE(test::rel_err(cb, ca), 5e-2) << "prefill at " << cpu.position();
+        };
+        auto turn = [&](int first, int n_prompt, int n_decode) {
+            std::vector<int> prompt(n_prompt);
+            for (int i = 0; i < n_prompt; ++i) prompt[i] = 3 + (first + i * 29) % 500;
+            prefill_both(prompt);
+            history.insert(history.end(), prompt.begin(), prompt.end());
+            for (int t = 0; t < n_decode; ++t) {
+                const int tok = 3 + (first + t * 13) % 500;
+                const auto da = cpu.decode(tok);
+                const std::vector<float> a(da.begin(), da.end());
+                const auto db = gpu->decode(tok);
+                const std::vector<float> b(db.begin(), db.end());
+                history.push_back(tok);
+                ++steps;
+                bool parted = false;
+                for (int l = q.dense_layers; l < m.config.num_layers && !parted; ++l) {
+                    const SelectionTrace g = gpu->last_selection(l);
+                    const test::SelectionCompare c = test::compare_selections(g.pages, cpu.last_selection()[l],
+                                                                              g.scores, 1e-2);
+                    if (c.equal) continue;
+                    EXPECT_TRUE(c.near_tie) << "layer " << l << " at " << cpu.position() << ": " << c.what;
+                    std::printf("[ note ] %s: the selections part at position %d, layer %d: %s; re-prefilled\n",
+                                name.c_str(), cpu.position(), l, c.what.c_str());
+                    parted = true;
+                }
+                if (parted) {  // the caches now differ: start both again from the same history
+                    cpu.reset();
+                    gpu->reset();
+                    prefill_both(history);
+                    continue;
+                }
+                ++compared;
+                EXPECT_LE(test::rel_err(b, a), 5e-2) << "decode at " << cpu.position();
+            }
+            EXPECT_EQ(gpu->position(), cpu.position());
+        };
+        turn(1, 300, 20);
+        turn(7, 150, 20);  // appended after the decoded tokens, crossing into Quest selection with more pages
+        cpu.reset();
+        gpu->reset();
+        history.clear();
+        turn(11, 100, 10);
+        std::printf("[ note ] %s: %d of %d decode steps compared\n", name.c_str(), compared, steps);
+        EXPECT_GE(compared, steps * 3 / 4) << "too many near ties to test anything: choose other inputs";
+    }
 }
 
 // Many conversations in one process: device memory stays flat (no allocation per reset or per step).

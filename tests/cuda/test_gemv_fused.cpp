@@ -19,9 +19,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 
+#include "cuda_model_util.h"
 #include "cuda_test_util.h"
 #include "kernels/basic_ops.h"
 #include "kernels/elementwise.cuh"
@@ -419,37 +421,57 @@ TEST(CudaFused, SwigluInterleavedEqualsSwiglu) {
 }
 
 // The model: the fused decode step against the separate kernels on the same random weights (FP16 and int4), prefill
-// then decode steps in a graph; logits within the model tolerance.
+// then decode steps in a graph, under each GQA policy; logits within the model tolerance while both runs select the
+// same pages in the Quest layer (a different selection must be a near tie of the scores: the two norm paths round
+// differently, and a random model's pages score alike; the runs part there, and most steps must still be compared).
 TEST(CudaFused, ModelDecodeStepEqualsTheSeparateKernels) {
     QUEST_REQUIRE_GPU();
     const ModelConfig c = parse_model_config(
         R"({"hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 3, "num_attention_heads": 8,
             "num_key_value_heads": 4, "vocab_size": 1000, "max_position_embeddings": 2048})",
         "inline");
-    for (int group : {0, 128}) {
-        SCOPED_TRACE(group ? "int4" : "fp16");
-        CudaOptions fused, separate;
-        fused.int4_group = separate.int4_group = group;
-        separate.fused_epilogues = false;
-        QuestSettings q;
-        q.budget = 64;
-        q.page_size = 16;
-        q.dense_layers = 1;
-        auto a = CudaLlama::random(c, q, 512, 5, fused);
-        auto b = CudaLlama::random(c, q, 512, 5, separate);
-        ASSERT_TRUE(a->fused_decode());
-        ASSERT_FALSE(b->fused_decode());
-        std::vector<int> prompt(200);
-        for (int i = 0; i < 200; ++i) prompt[i] = 3 + (i * 37) % 900;
-        auto la = a->prefill(prompt);
-        auto lb = b->prefill(prompt);
-        for (int step = 0; step < 8; ++step) {
-            const int token = 5 + step * 11;
-            la = a->decode(token);
-            lb = b->decode(token);
-            const std::vector<float> va(la.begin(), la.end()), vb(lb.begin(), lb.end());
-            EXPECT_TRUE(all_finite(va)) << step;
-            EXPECT_LE(rel_err(va, vb), 2e-2) << step;
+    int compared = 0, steps = 0;
+    for (GqaPolicy policy : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
+        for (int group : {0, 128}) {
+            SCOPED_TRACE(std::string(group ? "int4 " : "fp16 ") + std::string(gqa_policy_name(policy)));
+            CudaOptions fused, separate;
+            fused.int4_group = separate.int4_group = group;
+            fused.record_selections = separate.record_selections = true;
+            separate.fused_epilogues = false;
+            QuestSettings q;
+            q.budget = 64;
+            q.page_size = 16;
+            q.dense_layers = 1;
+            q.gqa_policy = policy;
+            auto a = CudaLlama::random(c, q, 512, 5, fused);
+            auto b = CudaLlama::random(c, q, 512, 5, separate);
+            ASSERT_TRUE(a->fused_decode());
+            ASSERT_FALSE(b->fused_decode());
+            std::vector<int> prompt(200);
+            for (int i = 0; i < 200; ++i) prompt[i] = 3 + (i * 37) % 900;
+            auto la = a->prefill(prompt);
+            auto lb = b->prefill(prompt);
+            for (int step = 0; step < 8; ++step) {
+                const int token = 5 + step * 11;
+                la = a->decode(token);
+                lb = b->decode(token);
+                const std::vector<float> va(la.begin(), la.end()), vb(lb.begin(), lb.end());
+                EXPECT_TRUE(all_finite(va)) << step;
+                ++steps;
+                bool parted = false;
+                for (int l = q.dense_layers; l < c.num_layers && !parted; ++l) {
+                    const SelectionTrace ta = a->last_selection(l), tb = b->last_selection(l);
+                    const test::SelectionCompare cmp = test::compare_selections(ta.pages, tb.pages, ta.scores, 1e-2);
+                    if (cmp.equal) continue;
+                    EXPECT_TRUE(cmp.near_tie) << "layer " << l << " step " << step << ": " << cmp.what;
+                    std::printf("[ note ] the selections part at step %d, layer %d: %s\n", step, l, cmp.what.c_str());
+                    parted = true;
+                }
+                if (parted) break;
+                ++compared;
+                EXPECT_LE(rel_err(va, vb), 2e-2) << step;
+            }
         }
-    }
+    std::printf("[ note ] %d of %d decode steps compared\n", compared, steps);
+    EXPECT_GE(compared, steps / 2) << "too many near ties to test anything: choose other inputs";
 }
