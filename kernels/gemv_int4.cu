@@ -1057,7 +1057,8 @@ struct Int4Variant {
 // gemv_int4_default_variant). Names: "stream R U W S<WPS>" (above), "R U W KS" the legacy kernel (rows per warp,
 // loads per row per batch, warps per block, warps per row), "seg R W S<WPS> A<ACC>" the seg kernel. Variant 1,
 // legacy R2 U4 W8 KS1, was the default until the stream kernel (measured 33-51% of 4.2 TB/s; the stream kernel 33%
-// isolated, 54% x16, Nsight Compute above the seg kernel). The seg variants are not yet measured on the H200.
+// isolated, 54% x16, Nsight Compute above the seg kernel). The seg (17..) and mma (25..) variants lost on the H200
+// (docs/measurements.md, third session).
 // Indices are what QUEST_INT4_GEMV takes: append, do not reorder.
 const Int4Variant kVariants[] = {
     {"stream R2 U4 W4 S16", launch_stream<2, 4, 4, 16>},  // 4 KB per warp in flight, 16 warps/SM: 64 KB/SM
