@@ -68,6 +68,27 @@ TEST(MemoryLimit, ByteSizesParse) {
     EXPECT_EQ(format_bytes(900), "900 bytes");
 }
 
+// The model presets in configs/ (benchmarks with --random-weights) parse, with the shapes their names promise.
+TEST(ConfigPresets, ModelShapesParse) {
+    const ModelConfig l2 = load_model_config(test::source_dir() / "configs/llama2-7b.json");
+    EXPECT_EQ(l2.num_kv_heads, 32);
+    EXPECT_EQ(l2.group_size(), 1);
+    const ModelConfig l3 = load_model_config(test::source_dir() / "configs/llama3.1-8b.json");
+    EXPECT_EQ(l3.hidden_size, 4096);
+    EXPECT_EQ(l3.num_heads, 32);
+    EXPECT_EQ(l3.num_kv_heads, 8);
+    EXPECT_EQ(l3.head_dim, 128);
+    EXPECT_EQ(l3.intermediate_size, 14336);
+    EXPECT_EQ(l3.vocab_size, 128256);
+    EXPECT_EQ(l3.rope.type, RopeType::Llama3);
+    EXPECT_DOUBLE_EQ(l3.rope.factor, 8.0);
+    EXPECT_EQ(l3.rope.original_max_position_embeddings, 8192);
+    EXPECT_DOUBLE_EQ(l3.rope_theta, 500000.0);
+    EXPECT_EQ(l3.max_position_embeddings, 131072);
+    for (const char* name : {"longchat-7b-32k.json", "yarn-llama2-7b-128k.json", "demo-random-model.json"})
+        EXPECT_NO_THROW(load_model_config(test::source_dir() / "configs" / name)) << name;
+}
+
 TEST(MemoryLimit, CpuPlanCountsWeightsKvAndActivations) {
     const ModelConfig c = load_model_config(test::source_dir() / "configs/llama2-7b.json");
     QuestSettings q;
