@@ -11,6 +11,7 @@
 #include "engine/kv_cache.h"
 #include "engine/quest_settings.h"
 #include "kernels/attention.h"
+#include "cuda/cuda_model_util.h"  // compare_selections (host code, used by the CUDA model tests)
 #include "kernels/quest.h"
 #include "model/error.h"
 
@@ -254,4 +255,33 @@ TEST(Selectors, NamesAndSettings) {
     EXPECT_EQ(o.selector, PageSelector::Oracle);
     EXPECT_THAT(o.describe(), ::testing::HasSubstr("oracle B=64"));
     EXPECT_THROW(parse_quest_settings(R"({"selector": "random"})", "t.json"), InputError);
+}
+
+// The judge the CUDA model tests use when two backends' selections differ (tests/cuda/cuda_model_util.h).
+TEST(SelectionCompare, EqualNearTieAndRealDifference) {
+    using test::compare_selections;
+    const std::vector<std::vector<float>> scores = {{5.0f, 1.0f, 3.0f, 2.999f, 0.5f}, {5.0f, 1.0f, 3.0f, 2.999f, 0.5f}};
+    // Equal (order within a head does not matter).
+    auto c = compare_selections({{0, 2, 5}, {0, 3, 5}}, {{2, 0, 5}, {0, 3, 5}}, scores, 1e-2);
+    EXPECT_TRUE(c.equal);
+    EXPECT_FALSE(c.near_tie);
+    // Head 1 swapped page 3 (2.999) for page 2 (3.0): a gap of 0.001 of max |score| 5 is a near tie at tol 1e-2 ...
+    c = compare_selections({{0, 2, 5}, {0, 3, 5}}, {{0, 2, 5}, {0, 2, 5}}, scores, 1e-2);
+    EXPECT_FALSE(c.equal);
+    EXPECT_TRUE(c.near_tie) << c.what;
+    EXPECT_THAT(c.what, ::testing::HasSubstr("head 1: 1 page(s) swapped"));
+    // ... but not at tol 1e-5.
+    c = compare_selections({{0, 2, 5}, {0, 3, 5}}, {{0, 2, 5}, {0, 2, 5}}, scores, 1e-5);
+    EXPECT_FALSE(c.near_tie);
+    EXPECT_THAT(c.what, ::testing::HasSubstr("NOT a near tie"));
+    // Page 1 (1.0) for page 2 (3.0): a real difference.
+    c = compare_selections({{0, 1, 5}, {0, 3, 5}}, {{0, 2, 5}, {0, 3, 5}}, scores, 1e-2);
+    EXPECT_FALSE(c.equal);
+    EXPECT_FALSE(c.near_tie);
+    // A different count, or head counts that differ, never pass as a tie.
+    c = compare_selections({{0, 2, 5}, {0, 3}}, {{0, 2, 5}, {0, 3, 5}}, scores, 1e-2);
+    EXPECT_FALSE(c.near_tie);
+    c = compare_selections({{0, 2, 5}}, {{0, 2, 5}, {0, 3, 5}}, scores, 1e-2);
+    EXPECT_FALSE(c.equal);
+    EXPECT_FALSE(c.near_tie);
 }

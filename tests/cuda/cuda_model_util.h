@@ -45,13 +45,20 @@ struct SelectionCompare {
     bool near_tie = false;
     std::string what;
 };
-inline SelectionCompare compare_selections(const std::vector<std::vector<int>>& a,
-                                           const std::vector<std::vector<int>>& b,
+inline SelectionCompare compare_selections(std::vector<std::vector<int>> a, std::vector<std::vector<int>> b,
                                            const std::vector<std::vector<float>>& scores, double tol) {
     SelectionCompare r;
+    if (a.size() != b.size() || a.size() != scores.size()) {
+        r.equal = false;
+        r.what = "selections of " + std::to_string(a.size()) + " and " + std::to_string(b.size()) + " heads, scores of " +
+                 std::to_string(scores.size());
+        return r;
+    }
+    for (auto& v : a) std::sort(v.begin(), v.end());
+    for (auto& v : b) std::sort(v.begin(), v.end());
     std::ostringstream os;
     bool explained = true;
-    for (size_t h = 0; h < a.size() && h < b.size(); ++h) {
+    for (size_t h = 0; h < a.size(); ++h) {
         if (a[h] == b[h]) continue;
         r.equal = false;
         std::vector<int> only_a, only_b;
