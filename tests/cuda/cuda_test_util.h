@@ -3,6 +3,7 @@
 // round-tripping so the CPU reference sees exactly what the GPU sees, and relative errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -11,6 +12,7 @@
 #include "kernels/device_buffer.h"
 #include "kernels/gemv_int4.cuh"
 #include "kernels/quant.h"
+#include "kernels/quest.cuh"
 #include "kernels/quest.h"
 #include "kernels/rope.cuh"
 #include "model/dtype.h"
@@ -83,6 +85,18 @@ DeviceBuffer<T> upload(const std::vector<T>& v) {
 
 // One layer's KV cache and fp16 page metadata, on the host (fp16-exact floats) and on the device.
 struct LayerCache {
+    // Geometry only, kmin / kmax zero-filled (nothing on the device yet).
+    static LayerCache empty(int hkv, int d, int s, int cap) {
+        LayerCache c;
+        c.hkv = hkv;
+        c.d = d;
+        c.s = s;
+        c.cap = cap;
+        c.max_pages = cap / s;
+        c.kmin.assign(static_cast<size_t>(hkv) * c.max_pages * d, 0.0f);
+        c.kmax = c.kmin;
+        return c;
+    }
     int hkv = 0, d = 0, s = 0, cap = 0, max_pages = 0;
     std::vector<float> k, v;        // [hkv][cap][d] (empty without K/V)
     std::vector<float> kmin, kmax;  // [hkv][max_pages][d]
@@ -146,6 +160,48 @@ inline PagedKv random_paged_kv(std::mt19937& rng, int hkv, int d, int s, int cap
     return r;
 }
 
+// Fills c (LayerCache::empty) with random_paged_kv: the float K/V in c.k / c.v, the poisoned fp16 copies in c.dk / c.dv,
+// the pages' min / max in c.kmin / c.kmax (host only: upload_page_metadata puts them on the device).
+inline void fill_paged_kv(LayerCache& c, std::mt19937& rng, int valid_len, const std::vector<float>& dir,
+                          const std::vector<float>& off) {
+    PagedKv kv = random_paged_kv(rng, c.hkv, c.d, c.s, c.cap, c.max_pages, valid_len, dir, off, c.kmin, c.kmax);
+    c.k = std::move(kv.k);
+    c.v = std::move(kv.v);
+    c.dk = DeviceBuffer<__half>(c.k.size());
+    c.dv = DeviceBuffer<__half>(c.v.size());
+    c.dk.upload(kv.hk);
+    c.dv.upload(kv.hv);
+}
+
+// The per-KV-head directions ([hkv][d], N(0,1)) and per-page offsets ([hkv][max_pages], N(0, 0.7^2)) that spread the
+// pages' scores (random_paged_kv).
+struct PageSpread {
+    std::vector<float> dir, off;
+    PageSpread(std::mt19937& rng, int hkv, int d, int max_pages)
+        : dir(static_cast<size_t>(hkv) * d), off(static_cast<size_t>(hkv) * max_pages) {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
+        for (float& x : dir) x = nd(rng);
+        for (float& x : off) x = 0.7f * nd(rng);
+    }
+};
+
+// Rounds c.kmin / c.kmax to fp16 (the rounding keeps min <= max) and uploads them to c.dmin / c.dmax, pages >=
+// valid_pages NaN on the device.
+inline void upload_page_metadata(LayerCache& c, int valid_pages) {
+    const std::vector<__half> qmin = to_half(c.kmin), qmax = to_half(c.kmax);
+    std::vector<__half> hmin(qmin.size(), half_nan()), hmax(qmax.size(), half_nan());
+    for (int h = 0; h < c.hkv; ++h) {
+        const size_t first = static_cast<size_t>(h) * c.max_pages * c.d;
+        const size_t n = static_cast<size_t>(std::min(valid_pages, c.max_pages)) * c.d;
+        std::copy(qmin.begin() + first, qmin.begin() + first + n, hmin.begin() + first);
+        std::copy(qmax.begin() + first, qmax.begin() + first + n, hmax.begin() + first);
+    }
+    c.dmin = DeviceBuffer<__half>(hmin.size());
+    c.dmax = DeviceBuffer<__half>(hmax.size());
+    c.dmin.upload(hmin);
+    c.dmax.upload(hmax);
+}
+
 // An Int4Matrix on the device, its codes repacked into the device layout (kernels/int4_layout.h) as the CUDA
 // backend does at upload.
 struct DeviceInt4 {
@@ -161,6 +217,48 @@ struct DeviceInt4 {
         CUDA_CHECK(cudaMemcpy(scales.get(), m.scales.data(), m.scales.size() * 2, cudaMemcpyHostToDevice));
         zeros.upload(m.zeros);
         view = {qweight.get(), scales.get(), zeros.get(), m.rows, m.cols, m.group};
+    }
+};
+
+// The device buffers of a QuestWorkspace, sized by quest_workspace_sizes for a test shape (any struct with num_heads,
+// num_kv_heads, head_dim, page_size, page_budget and policy); the counters zeroed once, as the kernels expect.
+struct QuestBuffers {
+    QuestWorkspaceSizes sz;
+    int pps = 0;  // pages_per_split as passed (0: the default)
+    DeviceBuffer<float> scores, o, ml;
+    DeviceBuffer<int> selected, counters;
+    template <class Shape>
+    QuestBuffers(const Shape& s, int max_pages, int pages_per_split = 0, const MatchedBudget& match = {})
+        : sz(quest_workspace_sizes(s.num_heads, s.num_kv_heads, s.head_dim, s.page_size, max_pages, s.page_budget,
+                                   s.policy, pages_per_split, match)),
+          pps(pages_per_split),
+          scores(sz.scores),
+          o(sz.partial_o),
+          ml(sz.partial_ml),
+          selected(sz.selected),
+          counters(sz.counters) {
+        counters.fill_bytes(0);  // zeroed once; the kernels leave them zero
+    }
+    QuestWorkspace ws() const {
+        QuestWorkspace w;
+        w.scores = scores.get();
+        w.selected = selected.get();
+        w.partial_o = o.get();
+        w.partial_ml = ml.get();
+        w.counters = counters.get();
+        w.pages_per_split = pps;
+        return w;
+    }
+    void poison() {  // every buffer but the counters: unwritten entries read as NaN / -1
+        scores.fill_bytes(0xFF);
+        selected.fill_bytes(0xFF);
+        o.fill_bytes(0xFF);
+        ml.fill_bytes(0xFF);
+    }
+    bool counters_zero() const {
+        for (int c : counters.download())
+            if (c != 0) return false;
+        return true;
     }
 };
 

@@ -70,29 +70,13 @@ using Kv = test::LayerCache;
 // one nonzero channel, values on the code grid). Tokens >= valid_len and pages >= ceil(valid_len / S) are NaN on the
 // device.
 Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, bool with_kv) {
-    Kv c;
-    c.hkv = hkv;
-    c.d = d;
-    c.s = s;
-    c.cap = cap;
-    c.max_pages = cap / s;
+    Kv c = Kv::empty(hkv, d, s, cap);
     const int valid_pages = std::min(cdiv(valid_len, s), c.max_pages);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::uniform_int_distribution<int> kind(0, 19), mag(0, 6), chan(0, d - 1);
-    const size_t meta_n = static_cast<size_t>(hkv) * c.max_pages * d;
-    c.kmin.assign(meta_n, 0.0f);
-    c.kmax.assign(meta_n, 0.0f);
     if (with_kv) {
-        std::vector<float> dir(static_cast<size_t>(hkv) * d), off(static_cast<size_t>(hkv) * c.max_pages);
-        for (float& x : dir) x = nd(rng);
-        for (float& x : off) x = 0.7f * nd(rng);
-        test::PagedKv kv = test::random_paged_kv(rng, hkv, d, s, cap, c.max_pages, valid_len, dir, off, c.kmin, c.kmax);
-        c.k = std::move(kv.k);
-        c.v = std::move(kv.v);
-        c.dk = DeviceBuffer<__half>(c.k.size());
-        c.dv = DeviceBuffer<__half>(c.v.size());
-        c.dk.upload(kv.hk);
-        c.dv.upload(kv.hv);
+        const test::PageSpread spread(rng, hkv, d, c.max_pages);
+        test::fill_paged_kv(c, rng, valid_len, spread.dir, spread.off);
     } else {
         const float mags[7] = {1.0f, 3e-6f, 2e-3f, 0.25f, 7.0f, 900.0f, 6000.0f};
         for (int h = 0; h < hkv; ++h)
@@ -119,22 +103,7 @@ Kv make_kv(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, boo
                 if (k == 3) mx[chan(rng)] = m;
             }
     }
-    std::vector<float> rmin = c.kmin, rmax = c.kmax;
-    const std::vector<__half> qmin = to_half(rmin), qmax = to_half(rmax);  // fp16 rounding keeps min <= max
-    c.kmin = rmin;
-    c.kmax = rmax;
-    std::vector<__half> hmin(meta_n, half_nan()), hmax(meta_n, half_nan());
-    for (int h = 0; h < hkv; ++h)
-        for (int p = 0; p < valid_pages; ++p)
-            for (int i = 0; i < d; ++i) {
-                const size_t at = (static_cast<size_t>(h) * c.max_pages + p) * d + i;
-                hmin[at] = qmin[at];
-                hmax[at] = qmax[at];
-            }
-    c.dmin = DeviceBuffer<__half>(meta_n);
-    c.dmax = DeviceBuffer<__half>(meta_n);
-    c.dmin.upload(hmin);
-    c.dmax.upload(hmax);
+    test::upload_page_metadata(c, valid_pages);
     return c;
 }
 
@@ -288,41 +257,7 @@ MatchedBudget match_of(const Shape& s, bool on) {
     return on ? matched_budget(s.fmt, s.head_dim, s.num_heads, s.num_kv_heads, s.policy) : MatchedBudget{};
 }
 
-struct Workspace {
-    QuestWorkspaceSizes sz;
-    DeviceBuffer<float> scores, o, ml;
-    DeviceBuffer<int> selected, counters;
-    Workspace(const Shape& s, int max_pages, const MatchedBudget& m)
-        : sz(quest_workspace_sizes(s.num_heads, s.num_kv_heads, s.head_dim, s.page_size, max_pages, s.page_budget,
-                                   s.policy, 0, m)),
-          scores(sz.scores),
-          o(sz.partial_o),
-          ml(sz.partial_ml),
-          selected(sz.selected),
-          counters(sz.counters) {
-        counters.fill_bytes(0);
-    }
-    QuestWorkspace ws() const {
-        QuestWorkspace w;
-        w.scores = scores.get();
-        w.selected = selected.get();
-        w.partial_o = o.get();
-        w.partial_ml = ml.get();
-        w.counters = counters.get();
-        return w;
-    }
-    void poison() {
-        scores.fill_bytes(0xFF);
-        selected.fill_bytes(0xFF);
-        o.fill_bytes(0xFF);
-        ml.fill_bytes(0xFF);
-    }
-    bool counters_zero() const {
-        for (int c : counters.download())
-            if (c != 0) return false;
-        return true;
-    }
-};
+using Workspace = test::QuestBuffers;
 
 // Validates a selection buffer ([rows][stride], poisoned -1 before the launch) against quest_select_ref: the first
 // `cnt` entries of each row equal the reference's page list, the rest of the row is untouched. Returns the rows
@@ -446,7 +381,7 @@ void run_scores_case(const Shape& s, uint32_t seed, int& inexact_total) {
     dq.upload(to_half(q));
     Codes c(s.fmt, s.num_kv_heads, s.head_dim, kv.max_pages);
     page_codes_quantize(c.view, kv.view(), 0, n - 1, s.len, nullptr);  // the complete pages before the step
-    Workspace w(s, kv.max_pages, {});
+    Workspace w(s, kv.max_pages);
     w.poison();
     DeviceBuffer<int> dpos(1);
     dpos.upload(std::vector<int>{s.len - 1});
@@ -523,7 +458,7 @@ TEST(PageCodesCuda, DenseStepQuantizesOnlyTheCompletedPage) {
             DeviceBuffer<__half> dq(q.size());
             dq.upload(to_half(q));
             Codes c(f, 2, 64, kv.max_pages);
-            Workspace w(s, kv.max_pages, {});
+            Workspace w(s, kv.max_pages);
             w.poison();
             DeviceBuffer<int> dpos(1);
             dpos.upload(std::vector<int>{len - 1});
@@ -574,7 +509,7 @@ TEST(PageCodesCuda, SelectionMatchesReference) {
         Codes c(f, hkv, s.head_dim, kv.max_pages);
         if (P >= 2) page_codes_quantize(c.view, kv.view(), 0, P - 2, len, nullptr);
         const MatchedBudget m = match_of(s, match);
-        Workspace w(s, kv.max_pages, m);
+        Workspace w(s, kv.max_pages, 0, m);
         w.poison();
         DeviceBuffer<int> dpos(1);
         dpos.upload(std::vector<int>{len - 1});
@@ -693,7 +628,7 @@ TEST(PageCodesCuda, DecodeMatchesReference) {
         Codes c(s.fmt, s.num_kv_heads, s.head_dim, kv.max_pages);
         if (P >= 2) page_codes_quantize(c.view, kv.view(), 0, P - 2, s.len, nullptr);
         const MatchedBudget m = match_of(s, match);
-        Workspace w(s, kv.max_pages, m);
+        Workspace w(s, kv.max_pages, 0, m);
         w.poison();
         dout.fill_bytes(0xFF);
         DeviceBuffer<int> dpos(1);
@@ -742,7 +677,7 @@ TEST(PageCodesCuda, DecodeSequenceInGraph) {
         Codes c(s.fmt, Hkv, D, kv.max_pages);
         page_codes_quantize(c.view, kv.view(), 0, L0 / S - 1, L0, nullptr);  // what the prefill leaves
         const MatchedBudget m = match_of(s, cs.match);
-        Workspace w(s, kv.max_pages, m);
+        Workspace w(s, kv.max_pages, 0, m);
         std::vector<float> inv(D / 2);
         for (int i = 0; i < D / 2; ++i) inv[i] = std::pow(10000.0f, -2.0f * i / D);
         DeviceBuffer<float> dinv(inv.size());

@@ -76,27 +76,11 @@ struct OracleInput {
 
 OracleInput make_input(const Shape& s, int cap, int valid_len, uint32_t seed) {
     std::mt19937 rng(seed);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
     OracleInput in;
     test::LayerCache& c = in.c;
-    c.hkv = s.num_kv_heads;
-    c.d = s.head_dim;
-    c.s = s.page_size;
-    c.cap = cap;
-    c.max_pages = cap / s.page_size;
-    std::vector<float> dir(static_cast<size_t>(c.hkv) * c.d), off(static_cast<size_t>(c.hkv) * c.max_pages);
-    for (float& x : dir) x = nd(rng);
-    for (float& x : off) x = 0.7f * nd(rng);
-    c.kmin.assign(static_cast<size_t>(c.hkv) * c.max_pages * c.d, 0.0f);
-    c.kmax = c.kmin;
-    test::PagedKv kv = test::random_paged_kv(rng, c.hkv, c.d, c.s, cap, c.max_pages, valid_len, dir, off, c.kmin,
-                                             c.kmax);
-    c.k = std::move(kv.k);
-    c.v = std::move(kv.v);
-    c.dk = DeviceBuffer<__half>(c.k.size());
-    c.dv = DeviceBuffer<__half>(c.v.size());
-    c.dk.upload(kv.hk);
-    c.dv.upload(kv.hv);
+    c = test::LayerCache::empty(s.num_kv_heads, s.head_dim, s.page_size, cap);
+    const test::PageSpread spread(rng, c.hkv, c.d, c.max_pages);
+    test::fill_paged_kv(c, rng, valid_len, spread.dir, spread.off);
     // The oracle reads no page metadata: NaN on the device (a read would poison the result).
     c.dmin = DeviceBuffer<__half>(c.kmin.size());
     c.dmax = DeviceBuffer<__half>(c.kmax.size());
@@ -186,33 +170,14 @@ void check_selection(const Shape& s, const OracleInput& in, const std::vector<in
 }
 
 // The workspace of oracle_select + attention_decode_sparse (quest_workspace_sizes plus the page log-sum-exps).
-struct Workspace {
-    QuestWorkspaceSizes sz;
-    DeviceBuffer<float> scores, o, ml, lse;
-    DeviceBuffer<int> selected, counters;
+// The Quest buffers and the oracle's page log-sum-exps.
+struct Workspace : test::QuestBuffers {
+    DeviceBuffer<float> lse;
     Workspace(const Shape& s, int max_pages)
-        : sz(quest_workspace_sizes(s.num_heads, s.num_kv_heads, s.head_dim, s.page_size, max_pages, s.page_budget,
-                                   s.policy)),
-          scores(sz.scores),
-          o(sz.partial_o),
-          ml(sz.partial_ml),
-          lse(oracle_workspace_floats(s.num_heads, max_pages)),
-          selected(sz.selected),
-          counters(sz.counters) {
-        counters.fill_bytes(0);  // zeroed once; the kernels leave them zero
-    }
-    QuestWorkspace ws() const {
-        QuestWorkspace w;
-        w.scores = scores.get();
-        w.selected = selected.get();
-        w.partial_o = o.get();
-        w.partial_ml = ml.get();
-        w.counters = counters.get();
-        return w;
-    }
+        : QuestBuffers(s, max_pages), lse(oracle_workspace_floats(s.num_heads, max_pages)) {}
     void poison() {
-        for (DeviceBuffer<float>* b : {&scores, &o, &ml, &lse}) b->fill_bytes(0xFF);
-        selected.fill_bytes(0xFF);
+        QuestBuffers::poison();
+        lse.fill_bytes(0xFF);
     }
 };
 

@@ -67,97 +67,28 @@ using Cache = test::LayerCache;
 // device, K/V of tokens >= valid_len and the metadata of pages >= ceil(valid_len / S) are NaN. Without K/V
 // (with_kv = false) the metadata is drawn directly: min/max of two random vectors around the page offset.
 Cache make_cache(std::mt19937& rng, int hkv, int d, int s, int cap, int valid_len, bool with_kv) {
-    Cache c;
-    c.hkv = hkv;
-    c.d = d;
-    c.s = s;
-    c.cap = cap;
-    c.max_pages = cap / s;
+    Cache c = Cache::empty(hkv, d, s, cap);
     const int valid_pages = ceil_div_i(valid_len, s);
-    std::normal_distribution<float> nd(0.0f, 1.0f);
-    std::vector<float> dir(static_cast<size_t>(hkv) * d), off(static_cast<size_t>(hkv) * c.max_pages);
-    for (float& x : dir) x = nd(rng);
-    for (float& x : off) x = 0.7f * nd(rng);
-    const size_t meta_n = static_cast<size_t>(hkv) * c.max_pages * d;
-    c.kmin.assign(meta_n, 0.0f);
-    c.kmax.assign(meta_n, 0.0f);
-    std::vector<__half> hmin(meta_n, half_nan()), hmax(meta_n, half_nan());
+    const test::PageSpread spread(rng, hkv, d, c.max_pages);
     if (with_kv) {
-        test::PagedKv kv = test::random_paged_kv(rng, hkv, d, s, cap, c.max_pages, valid_len, dir, off, c.kmin, c.kmax);
-        c.k = std::move(kv.k);
-        c.v = std::move(kv.v);
-        c.dk = DeviceBuffer<__half>(c.k.size());
-        c.dv = DeviceBuffer<__half>(c.v.size());
-        c.dk.upload(kv.hk);
-        c.dv.upload(kv.hv);
+        test::fill_paged_kv(c, rng, valid_len, spread.dir, spread.off);
     } else {
+        std::normal_distribution<float> nd(0.0f, 1.0f);
         for (int h = 0; h < hkv; ++h)
             for (int p = 0; p < valid_pages; ++p)
                 for (int i = 0; i < d; ++i) {
                     const size_t at = (static_cast<size_t>(h) * c.max_pages + p) * d + i;
-                    const float base = off[static_cast<size_t>(h) * c.max_pages + p] * dir[h * d + i];
+                    const float base = spread.off[static_cast<size_t>(h) * c.max_pages + p] * spread.dir[h * d + i];
                     const float a = base + nd(rng), b = base + nd(rng);
                     c.kmin[at] = std::min(a, b);
                     c.kmax[at] = std::max(a, b);
                 }
     }
-    // Metadata values are fp16 (exact min/max of fp16 keys, or rounded here: rounding keeps min <= max).
-    std::vector<float> rmin = c.kmin, rmax = c.kmax;
-    const std::vector<__half> qmin = to_half(rmin), qmax = to_half(rmax);
-    c.kmin = rmin;
-    c.kmax = rmax;
-    for (int h = 0; h < hkv; ++h)
-        for (int p = 0; p < std::min(valid_pages, c.max_pages); ++p)
-            for (int i = 0; i < d; ++i) {
-                const size_t at = (static_cast<size_t>(h) * c.max_pages + p) * d + i;
-                hmin[at] = qmin[at];
-                hmax[at] = qmax[at];
-            }
-    c.dmin = DeviceBuffer<__half>(meta_n);
-    c.dmax = DeviceBuffer<__half>(meta_n);
-    c.dmin.upload(hmin);
-    c.dmax.upload(hmax);
+    test::upload_page_metadata(c, valid_pages);  // fp16: exact min/max of fp16 keys, or rounded here
     return c;
 }
 
-struct Workspace {
-    QuestWorkspaceSizes sz;
-    int pps;
-    DeviceBuffer<float> scores, o, ml;
-    DeviceBuffer<int> selected, counters;
-    Workspace(const Shape& s, int max_pages, int pages_per_split = 0)
-        : sz(quest_workspace_sizes(s.num_heads, s.num_kv_heads, s.head_dim, s.page_size, max_pages, s.page_budget,
-                                   s.policy, pages_per_split)),
-          pps(pages_per_split),
-          scores(sz.scores),
-          o(sz.partial_o),
-          ml(sz.partial_ml),
-          selected(sz.selected),
-          counters(sz.counters) {
-        counters.fill_bytes(0);  // zeroed once; the kernels leave them zero
-    }
-    QuestWorkspace ws() const {
-        QuestWorkspace w;
-        w.scores = scores.get();
-        w.selected = selected.get();
-        w.partial_o = o.get();
-        w.partial_ml = ml.get();
-        w.counters = counters.get();
-        w.pages_per_split = pps;
-        return w;
-    }
-    void poison() {  // everything but the counters
-        scores.fill_bytes(0xFF);
-        selected.fill_bytes(0xFF);
-        o.fill_bytes(0xFF);
-        ml.fill_bytes(0xFF);
-    }
-    bool counters_zero() const {
-        for (int c : counters.download())
-            if (c != 0) return false;
-        return true;
-    }
-};
+using Workspace = test::QuestBuffers;
 
 // The CPU score row of selection row `row` (aggregated exactly as quest_select_ref does) over n candidates, and the
 // magnitude sum used by the tolerance.
