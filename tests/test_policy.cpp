@@ -910,7 +910,7 @@ TEST(Policy, GpuPieceArithmeticEqualsPageScoreInt8Ref) {
 
 // quest bench's bytes columns for CUDA rows come from quest_step_bytes_model (the GPU does not count its reads): it
 // equals what the CPU backend counts for the same settings and position, with int8 / int4 metadata, bytes-matched
-// budgets (the page count of kernels/page_codes.h) and both GQA layouts; the streaming and oracle selectors too.
+// budgets (the page count of kernels/page_codes.h) and every GQA policy; the streaming and oracle selectors too.
 TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
     const auto dir = test::temp_dir("policy_bytes_model");
     const ModelConfig c = parse_model_config(
@@ -920,27 +920,32 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
     write_random_llama(dir, c, {7, DType::F32});
     auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(dir), c));
     int checked = 0;
+    // One decode step at length len: the model's bytes against the CPU's counts; returns the model's metadata bytes.
+    auto check = [&](QuestSettings q, int len) {
+        q.page_size = 4;
+        q.budget = 12;
+        q.dense_layers = 1;
+        CpuLlama b(w, q, 400);
+        std::vector<int> prompt(len - 1);
+        for (int i = 0; i < len - 1; ++i) prompt[i] = 3 + (i * 31) % 90;
+        b.prefill(prompt);
+        b.reset_read_stats();
+        b.decode(5);
+        const auto model = quest_step_bytes_model(c, q, len);
+        EXPECT_EQ(model.first, b.read_stats().bytes_per_step()) << q.policy_label() << " len " << len;
+        EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
+        ++checked;
+        return model.second;
+    };
     for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
         for (bool match : {false, true})
-            for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::PerHead})
+            for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
                 for (int len : {30, 46, 101, 333}) {
                     QuestSettings q;
-                    q.page_size = 4;
-                    q.budget = 12;
-                    q.dense_layers = 1;
                     q.metadata = f;
                     q.match_bytes = match;
                     q.gqa_policy = pol;
-                    CpuLlama b(w, q, 400);
-                    std::vector<int> prompt(len - 1);
-                    for (int i = 0; i < len - 1; ++i) prompt[i] = 3 + (i * 31) % 90;
-                    b.prefill(prompt);
-                    b.reset_read_stats();
-                    b.decode(5);
-                    const auto model = quest_step_bytes_model(c, q, len);
-                    EXPECT_EQ(model.first, b.read_stats().bytes_per_step()) << q.policy_label() << " len " << len;
-                    EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
-                    ++checked;
+                    check(q, len);
                 }
     // The streaming (no metadata) and oracle (every key, keys_scanned) selectors: what the CUDA backend runs besides
     // quest.
@@ -948,25 +953,13 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
         for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
             for (int len : {10, 46, 333}) {
                 QuestSettings q;
-                q.page_size = 4;
-                q.budget = 12;
-                q.dense_layers = 1;
                 q.selector = sel;
                 q.gqa_policy = pol;
-                CpuLlama b(w, q, 400);
-                std::vector<int> prompt(len - 1);
-                for (int i = 0; i < len - 1; ++i) prompt[i] = 3 + (i * 31) % 90;
-                b.prefill(prompt);
-                b.reset_read_stats();
-                b.decode(5);
-                const auto model = quest_step_bytes_model(c, q, len);
-                EXPECT_EQ(model.first, b.read_stats().bytes_per_step()) << q.policy_label() << " len " << len;
-                EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
+                const double meta = check(q, len);
                 if (sel == PageSelector::Oracle && len > 12) {  // a selecting step: the key pass in the metadata part
                     const double keys = 2.0 * len * c.num_kv_heads * 2 * c.head_dim;  // 2 Quest layers
-                    EXPECT_EQ(model.second, keys) << q.policy_label() << " len " << len;
+                    EXPECT_EQ(meta, keys) << q.policy_label() << " len " << len;
                 }
-                ++checked;
             }
-    EXPECT_EQ(checked, 48 + 18);
+    EXPECT_EQ(checked, 72 + 18);
 }
