@@ -64,7 +64,10 @@ void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
 // K-1-th largest key is taken whole (usually after the first pass). Then, with the threshold T (masked to the
 // resolved bits) and `need` = how many keys equal to T to take, a stable compaction in index order writes every key
 // > T and the first `need` keys == T (lowest page ids) at their ascending-order positions (an exclusive block scan of
-// packed (greater, equal) counts). No page cap.
+// packed (greater, equal) counts). No page cap. That is topk_select_row: any row length, and the fused kernel's
+// select. quest_top_k runs topk_select_row_reg (below) when the row stride is at most 8192 (128K tokens at S = 16):
+// the same select with the keys in registers and fewer dependent steps (H200, 32K, B = 2048: 4.2 us on the critical
+// path of a graph of Quest layers instead of 6.0; docs/measurements.md, sixth session).
 // ---------------------------------------------------------------------------------------------------------------------
 #ifndef QUEST_TOPK_MATCH
 #define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
@@ -298,17 +301,249 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
     __syncthreads();  // the shared memory is free
 }
 
+// The select for rows whose candidates fit in registers (n <= kTopkThreads * KPT; the launcher picks KPT from the
+// score stride): the same radix select and the same output as topk_select_row, with fewer dependent steps per warp.
+//   - Thread t holds keys t + u * THREADS (u < KPT) in registers: no shared key cache, no re-reads.
+//   - 13-bit digits (8192 bins): at the row sizes of a long context the first pass usually leaves at most a few keys
+//     in the threshold bin.
+//   - The threshold bin is found without a block scan: warp w owns bins [BINS - 512 (w + 1), BINS - 512 w), lane l
+//     reads bins hi - 1 - 32 j - l (conflict-free); each warp's total goes to shared memory, every warp scans the 16
+//     totals, and only the warp holding the crossing resolves it (row sums by REDUX, then one shuffle scan): three
+//     barriers per pass.
+//   - When the threshold bin holds more keys than needed but at most 32, they are gathered and ranked by one warp
+//     (rank = keys greater + equal keys gathered earlier), which gives the exact threshold key T and how many keys
+//     equal to T to take: no further histogram pass.
+//   - The compaction counts each warp's greater / equal keys per round by ballot; one exclusive scan of the
+//     KPT x WARPS packed counts (every warp computes it) places every selected key: one barrier.
+constexpr int kTopkRegBins = 8192;
+constexpr int kTopkRegBits = 13;
+constexpr int kTopkRegGather = 32;  // largest threshold bin resolved by ranking (one warp)
+constexpr int kTopkRegMaxKpt = 16;
+
+struct TopkRegSmem {
+    int hist[kTopkRegBins];
+    int wtot[kTopkWarps];                    // keys in each warp's bins
+    uint32_t mn[kTopkWarps], mx[kTopkWarps];
+    uint32_t cand[kTopkRegGather];           // the threshold bin's keys (gather)
+    int comp[kTopkRegMaxKpt * kTopkWarps];   // compaction: (greater | equal << 16) per (round, warp)
+    int cnt;                                 // gathered keys
+    int digit, above, in_bin;                // a pass's threshold bin, keys in higher bins, keys in it
+    uint32_t T;                              // gather: the threshold key
+    int need;                                // gather: keys equal to T to take
+};
+
+template <int KPT>
+__device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[KPT], int n, int k,
+                                    TopkRegSmem& sm) {
+    constexpr int THREADS = kTopkThreads, WARPS = kTopkWarps, BINS = kTopkRegBins;
+    constexpr int J = BINS / THREADS;  // bins per lane
+    constexpr int EPL = KPT * WARPS / 32;  // compaction entries per lane
+    static_assert(KPT >= 2 && KPT <= kTopkRegMaxKpt && KPT * WARPS % 32 == 0 && BINS % (THREADS * 4) == 0, "shape");
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const uint32_t lanes_below = (1u << lane) - 1u;
+
+    uint32_t key[KPT];
+    uint32_t kmn = 0xFFFFFFFFu, kmx = 0u;
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+        key[u] = float_key(score[u]);
+        if (u * THREADS + tid < n) {
+            kmn = min(kmn, key[u]);
+            kmx = max(kmx, key[u]);
+        }
+    }
+    auto clear_hist = [&] {
+#pragma unroll
+        for (int j = tid * 4; j < BINS; j += THREADS * 4) *reinterpret_cast<int4*>(&sm.hist[j]) = make_int4(0, 0, 0, 0);
+    };
+    clear_hist();
+    kmn = __reduce_min_sync(0xffffffffu, kmn);
+    kmx = __reduce_max_sync(0xffffffffu, kmx);
+    if (lane == 0) {
+        sm.mn[warp] = kmn;
+        sm.mx[warp] = kmx;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < WARPS; ++w) {
+        kmn = min(kmn, sm.mn[w]);
+        kmx = max(kmx, sm.mx[w]);
+    }
+
+    // Invariant as in topk_select_row: the top k are the keys with (key & pmask) > prefix plus krem of those equal.
+    uint32_t prefix, pmask;
+    int krem = k;
+    const uint32_t diff = kmn ^ kmx;
+    if (diff == 0u) {
+        prefix = kmx;
+        pmask = 0xFFFFFFFFu;
+    } else {
+        const int hb = 31 - __clz(diff);
+        pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
+        prefix = kmx & pmask;
+        int lo = hb + 1;
+#pragma unroll 1
+        while (true) {
+            const int width = min(kTopkRegBits, lo), shift = lo - width;
+            const uint32_t dmask = (1u << width) - 1u;
+#pragma unroll
+            for (int u = 0; u < KPT; ++u) {
+                const bool in = u * THREADS + tid < n && (key[u] & pmask) == prefix;
+                const int bin = in ? static_cast<int>((key[u] >> shift) & dmask) : -1;
+                const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
+                if (__all_sync(0xffffffffu, bin == bin0)) {  // ties: one atomic for the warp
+                    if (lane == 0 && bin0 >= 0) atomicAdd(&sm.hist[bin0], 32);
+                } else if (bin >= 0) {
+                    atomicAdd(&sm.hist[bin], 1);
+                }
+            }
+            __syncthreads();
+            const int hi = BINS - warp * 32 * J;
+            int c[J], lsum = 0;
+#pragma unroll
+            for (int j = 0; j < J; ++j) {
+                c[j] = sm.hist[hi - 1 - 32 * j - lane];
+                lsum += c[j];
+            }
+            const int wt = __reduce_add_sync(0xffffffffu, lsum);
+            if (lane == 0) sm.wtot[warp] = wt;
+            __syncthreads();
+            clear_hist();  // every read of this pass's histogram is done (before the barrier above)
+            if (tid == 0) sm.cnt = 0;
+            const int v = lane < WARPS ? sm.wtot[lane] : 0;
+            int incl = v;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const int y = __shfl_up_sync(0xffffffffu, incl, o);
+                if (lane >= o) incl += y;
+            }
+            const int wstar = __ffs(__ballot_sync(0xffffffffu, lane < WARPS && incl >= krem)) - 1;
+            if (warp == wstar) {  // the warp whose bins hold the krem-th largest matching key
+                int run = __shfl_sync(0xffffffffu, incl - v, wstar);  // matching keys in higher warps' bins
+                int rs[J];
+#pragma unroll
+                for (int j = 0; j < J; ++j) rs[j] = __reduce_add_sync(0xffffffffu, c[j]);
+                int x = 0, jstar = -1;  // the row of 32 bins holding the crossing (warp-uniform) and my bin in it
+#pragma unroll
+                for (int j = 0; j < J; ++j) {
+                    if (jstar < 0 && run + rs[j] >= krem) {
+                        jstar = j;
+                        x = c[j];
+                    } else if (jstar < 0) {
+                        run += rs[j];
+                    }
+                }
+                int xi = x;
+#pragma unroll
+                for (int o = 1; o < 32; o <<= 1) {
+                    const int y = __shfl_up_sync(0xffffffffu, xi, o);
+                    if (lane >= o) xi += y;
+                }
+                if (run + xi - x < krem && run + xi >= krem) {
+                    sm.digit = hi - 1 - 32 * jstar - lane;
+                    sm.above = run + xi - x;
+                    sm.in_bin = x;
+                }
+            }
+            __syncthreads();
+            const int in_bin = sm.in_bin;
+            prefix |= static_cast<uint32_t>(sm.digit) << shift;
+            pmask |= dmask << shift;
+            krem -= sm.above;
+            lo = shift;
+            if (in_bin == krem || lo == 0) break;  // the masked comparison decides every key
+            if (in_bin <= kTopkRegGather) {
+#pragma unroll
+                for (int u = 0; u < KPT; ++u)
+                    if (u * THREADS + tid < n && (key[u] & pmask) == prefix) sm.cand[atomicAdd(&sm.cnt, 1)] = key[u];
+                __syncthreads();
+                if (warp == 0) {
+                    const uint32_t mine = lane < in_bin ? sm.cand[lane] : 0u;
+                    int gt = 0, eq_before = 0;
+#pragma unroll 1
+                    for (int i = 0; i < in_bin; ++i) {
+                        const uint32_t o = __shfl_sync(0xffffffffu, mine, i);
+                        gt += o > mine;
+                        eq_before += o == mine && i < lane;
+                    }
+                    if (lane < in_bin && gt + eq_before == krem - 1) {  // the krem-th largest of the bin
+                        sm.T = mine;
+                        sm.need = krem - gt;
+                    }
+                }
+                __syncthreads();
+                prefix = sm.T;
+                pmask = 0xFFFFFFFFu;
+                krem = sm.need;
+                break;
+            }
+        }
+    }
+    const uint32_t T = prefix;
+    const int need = krem;
+
+    // Compaction: round u holds indices u THREADS .. (u + 1) THREADS - 1, warp w the 32 from u THREADS + 32 w.
+    uint32_t bgt[KPT], beq[KPT];
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+        const bool in = u * THREADS + tid < n;
+        const uint32_t m = key[u] & pmask;
+        bgt[u] = __ballot_sync(0xffffffffu, in && m > T);
+        beq[u] = __ballot_sync(0xffffffffu, in && m == T);
+        if (lane == 0) sm.comp[u * WARPS + warp] = __popc(bgt[u]) | (__popc(beq[u]) << 16);  // fields <= n < 2^16
+    }
+    __syncthreads();
+    // Exclusive scan of the KPT x WARPS entries (round-major = index order); lane l holds entries EPL l ..
+    // EPL l + EPL - 1.
+    int e[EPL], tot = 0;
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+        e[j] = sm.comp[EPL * lane + j];
+        tot += e[j];
+    }
+    int scan = tot;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, scan, o);
+        if (lane >= o) scan += y;
+    }
+    int ex = scan - tot;  // before entry EPL l
+#pragma unroll
+    for (int j = 0; j < EPL; ++j) {
+        const int t = e[j];
+        e[j] = ex;
+        ex += t;
+    }
+#pragma unroll
+    for (int u = 0; u < KPT; ++u) {
+        const int idx = u * WARPS + warp;  // warp-uniform
+        int sel = 0;
+#pragma unroll
+        for (int j = 0; j < EPL; ++j)
+            if (j == idx % EPL) sel = e[j];
+        const int base = __shfl_sync(0xffffffffu, sel, idx / EPL);
+        const int i = u * THREADS + tid;
+        if (i < n) {
+            const uint32_t m = key[u] & pmask;
+            const int gt_before = (base & 0xffff) + __popc(bgt[u] & lanes_below);
+            const int eq_before = (base >> 16) + __popc(beq[u] & lanes_below);
+            if (m > T)
+                out[gt_before + min(eq_before, need)] = i;
+            else if (m == T && eq_before < need)
+                out[gt_before + eq_before] = i;
+        }
+    }
+}
+
+// KPT > 0: the row's score_stride <= kTopkThreads * KPT, every candidate in registers (topk_select_row_reg);
+// KPT = 0: any stride (topk_select_row, keys cached in dynamic shared memory when `cache`, else re-read from L2).
+template <int KPT>
 __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
                                                              const float* __restrict__ scores, int score_stride,
                                                              const int* __restrict__ d_pos, int page_size_log2,
                                                              int page_budget, int cache, int select_stride,
                                                              MatchedBudget match) {
-    extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
-    __shared__ int s_hist[kTopkBins];
-    __shared__ int s_warp[32];
-    __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
-    __shared__ int s_digit, s_above;
-
+    constexpr int PRE = KPT > 0 ? KPT : kTopkUnroll;
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int tid = threadIdx.x;
@@ -316,9 +551,9 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
     const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
     // The first round of scores is loaded together with the position (one dependent round trip less): entries
     // u * kTopkThreads + tid < score_stride of the row (those past this step's candidates are never used).
-    float pre[kTopkUnroll];
+    float pre[PRE];
 #pragma unroll
-    for (int u = 0; u < kTopkUnroll; ++u) {
+    for (int u = 0; u < PRE; ++u) {
         const int i = u * kTopkThreads + tid;
         pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
     }
@@ -340,8 +575,18 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
         for (int i = tid; i < n; i += kTopkThreads) out[i] = i;
         return;
     }
-    const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, &s_digit, &s_above};
-    topk_select_row<kTopkThreads>(out, in, n, k, sm, pre);
+    if constexpr (KPT > 0) {
+        __shared__ TopkRegSmem sm;
+        topk_select_row_reg<KPT>(out, pre, n, k, sm);
+    } else {
+        extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
+        __shared__ int s_hist[kTopkBins];
+        __shared__ int s_warp[32];
+        __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
+        __shared__ int s_digit, s_above;
+        const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, &s_digit, &s_above};
+        topk_select_row<kTopkThreads>(out, in, n, k, sm, pre);
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -1074,12 +1319,19 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
                   "matched budget: head_dim and rows >= 1, metadata no larger than fp16's");
     QUEST_REQUIRE(page_size >= 1 && page_size <= 256 && (page_size & (page_size - 1)) == 0,
                   "page_size must be a power of two in [1, 256]");
+    auto go = [&](auto kernel, int smem, bool cache) {
+        launch_pdl(kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
+                   score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache), select_stride,
+                   match);
+    };
+    if (score_stride <= kTopkThreads * 4) return go(top_k_kernel<4>, 0, false);
+    if (score_stride <= kTopkThreads * 8) return go(top_k_kernel<8>, 0, false);
+    if (score_stride <= kTopkThreads * kTopkRegMaxKpt) return go(top_k_kernel<kTopkRegMaxKpt>, 0, false);
     const bool cache = score_stride <= kTopkCacheMax;
     const int smem = cache ? score_stride * static_cast<int>(sizeof(uint32_t)) : 0;
     if (smem > 32 * 1024)  // opt in beyond the default 48 KB (static + dynamic); not a stream operation
-        CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-    launch_pdl(top_k_kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
-               score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache), select_stride, match);
+        CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    go(top_k_kernel<0>, smem, cache);
 }
 
 void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,

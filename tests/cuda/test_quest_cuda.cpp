@@ -302,8 +302,9 @@ void check_top_k(int n, int K, int page_size, int extra_stride, uint32_t seed) {
 TEST(QuestCuda, TopKMatchesReference) {
     QUEST_REQUIRE_GPU();
     uint32_t seed = 1;
-    // Shared-memory key cache (n <= 32768) and global re-reads (n = 65536), K - 1 in {1, 63, 127, 4095}.
-    for (int n : {2, 100, 2047, 5000, 65536})
+    // Keys in registers (strides up to 2048 / 4096 / 8192: 4, 8, 16 per thread), the shared-memory key cache
+    // (8192 < n <= 32768) and global re-reads (n = 65536), K - 1 in {1, 63, 127, 4095}.
+    for (int n : {2, 100, 2047, 2048, 3000, 5000, 8192, 8193, 65536})
         for (int k : {1, 63, 127, 4095})
             if (k < n) check_top_k(n, k + 1, 1, 0, seed++);
     check_top_k(40000, 4096, 1, 3, seed++);  // global path with a padded stride
