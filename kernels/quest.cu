@@ -122,6 +122,74 @@ __device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& tot
     return before;
 }
 
+// The block's smallest and largest key (THREADS threads; every thread passes its own and gets the block's; one
+// barrier). s_mn / s_mx: [THREADS / 32].
+template <int THREADS>
+__device__ __forceinline__ void block_key_range(uint32_t& kmn, uint32_t& kmx, uint32_t* s_mn, uint32_t* s_mx) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    kmn = __reduce_min_sync(0xffffffffu, kmn);
+    kmx = __reduce_max_sync(0xffffffffu, kmx);
+    if (lane == 0) {
+        s_mn[warp] = kmn;
+        s_mx[warp] = kmx;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int w = 0; w < THREADS / 32; ++w) {
+        kmn = min(kmn, s_mn[w]);
+        kmx = max(kmx, s_mx[w]);
+    }
+}
+
+// State of a radix select of the k largest keys. Invariant: they are the keys whose masked value (key & pmask) is
+// > prefix, plus krem of those whose masked value == prefix; bits [lo, 32) are resolved. It starts below the bits
+// common to every key (those above the highest bit where the smallest and largest key differ).
+struct RadixSelect {
+    uint32_t prefix, pmask;
+    int krem, lo;
+
+    __device__ __forceinline__ RadixSelect(uint32_t kmn, uint32_t kmx, int k) : krem(k) {
+        const uint32_t diff = kmn ^ kmx;
+        if (diff == 0u) {  // every key is equal
+            prefix = kmx;
+            pmask = 0xFFFFFFFFu;
+            lo = 0;
+        } else {
+            const int hb = 31 - __clz(diff);
+            pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
+            prefix = kmx & pmask;
+            lo = hb + 1;
+        }
+    }
+    __device__ __forceinline__ bool matches(uint32_t key) const { return (key & pmask) == prefix; }
+    // The next digit's width and shift for digits of at most `bits` bits.
+    __device__ __forceinline__ int width(int bits) const { return min(bits, lo); }
+    // Digit d (of `width` bits below lo) holds the krem-th largest matching key, `above` matching keys lie in higher
+    // digits.
+    __device__ __forceinline__ void take(int d, int width, int above) {
+        lo -= width;
+        prefix |= static_cast<uint32_t>(d) << lo;
+        pmask |= ((1u << width) - 1u) << lo;
+        krem -= above;
+    }
+};
+
+// One histogram count per key of the warp; bin < 0: this lane has no key. Every lane of the warp calls it.
+__device__ __forceinline__ void hist_add(int* hist, int bin) {
+#if QUEST_TOPK_MATCH
+    const unsigned peers = __match_any_sync(0xffffffffu, bin);
+    if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
+#else
+    // A warp whose keys all fall in one bin (ties) adds once; otherwise one atomic per key.
+    const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
+    if (__all_sync(0xffffffffu, bin == bin0)) {
+        if ((threadIdx.x & 31) == 0 && bin0 >= 0) atomicAdd(&hist[bin0], 32);
+    } else if (bin >= 0) {
+        atomicAdd(&hist[bin], 1);
+    }
+#endif
+}
+
 // Shared memory of one block's radix select (see topk_select_row).
 struct TopkSmem {
     uint32_t* cache;  // [n] keys, or nullptr: every pass re-reads the scores from global memory (L2)
@@ -144,7 +212,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
     constexpr int WARPS = THREADS / 32;
     constexpr int BINS_PER_THREAD = kTopkBins / THREADS;
     static_assert(kTopkBins % THREADS == 0 && WARPS <= 32, "block size");
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     uint32_t* const s_cache = sm.cache;
     int* const s_hist = sm.hist;
 
@@ -168,37 +236,14 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
             }
         }
     }
-    kmn = __reduce_min_sync(0xffffffffu, kmn);
-    kmx = __reduce_max_sync(0xffffffffu, kmx);
-    if (lane == 0) {
-        sm.mn[warp] = kmn;
-        sm.mx[warp] = kmx;
-    }
-    __syncthreads();
-    kmn = sm.mn[0];
-    kmx = sm.mx[0];
-#pragma unroll
-    for (int w = 1; w < WARPS; ++w) {
-        kmn = min(kmn, sm.mn[w]);
-        kmx = max(kmx, sm.mx[w]);
-    }
+    block_key_range<THREADS>(kmn, kmx, sm.mn, sm.mx);
 
-    // Radix select over the bits below the common prefix. Invariant: the top k keys are the keys whose masked value
-    // (key & pmask) is > prefix, plus krem of those whose masked value == prefix.
-    uint32_t prefix, pmask;
-    int krem = k;
-    const uint32_t diff = kmn ^ kmx;
-    if (diff == 0u) {  // every key is equal
-        prefix = kmx;
-        pmask = 0xFFFFFFFFu;
-    } else {
-        const int hb = 31 - __clz(diff);  // highest bit where keys differ
-        pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
-        prefix = kmx & pmask;
-        int lo = hb + 1;  // bits [lo, 32) are resolved
+    // Radix select over the bits below the common prefix, 11 bits per pass.
+    RadixSelect rs(kmn, kmx, k);
+    if (rs.lo > 0) {
 #pragma unroll 1
-        while (lo > 0) {
-            const int width = min(11, lo), shift = lo - width;
+        while (true) {
+            const int width = rs.width(11), shift = rs.lo - width;
             const uint32_t dmask = (1u << width) - 1u;
             for (int i = tid; i < kTopkBins; i += THREADS) s_hist[i] = 0;
             __syncthreads();
@@ -213,20 +258,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 #pragma unroll
                 for (int u = 0; u < kTopkUnroll; ++u) {
                     const int i = base + u * THREADS + tid;
-                    const int bin = (i < n && (key[u] & pmask) == prefix) ? static_cast<int>((key[u] >> shift) & dmask)
-                                                                          : -1;
-#if QUEST_TOPK_MATCH
-                    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-                    if (bin >= 0 && lane == __ffs(peers) - 1) atomicAdd(&s_hist[bin], __popc(peers));
-#else
-                    // A warp whose keys all fall in one bin (ties) adds once; otherwise one atomic per key.
-                    const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
-                    if (__all_sync(0xffffffffu, bin == bin0)) {
-                        if (lane == 0 && bin0 >= 0) atomicAdd(&s_hist[bin0], 32);
-                    } else if (bin >= 0) {
-                        atomicAdd(&s_hist[bin], 1);
-                    }
-#endif
+                    hist_add(s_hist, i < n && rs.matches(key[u]) ? static_cast<int>((key[u] >> shift) & dmask) : -1);
                 }
             }
             __syncthreads();
@@ -242,25 +274,21 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
             int above = block_exclusive_scan<THREADS>(sum, sm.warp, total);
 #pragma unroll
             for (int j = 0; j < BINS_PER_THREAD; ++j) {
-                if (above < krem && above + c[j] >= krem) {
+                if (above < rs.krem && above + c[j] >= rs.krem) {
                     *sm.digit = kTopkBins - 1 - BINS_PER_THREAD * tid - j;
                     *sm.above = above;
                 }
                 above += c[j];
             }
             __syncthreads();
-            const int d = *sm.digit;
-            const int in_bin = s_hist[d];
-            prefix |= static_cast<uint32_t>(d) << shift;
-            pmask |= dmask << shift;
-            krem -= *sm.above;
-            lo = shift;
-            __syncthreads();            // digit / above / hist are rewritten by the next pass
-            if (in_bin == krem) break;  // the whole bin is taken: the masked comparison decides every key
+            const int in_bin = s_hist[*sm.digit];
+            rs.take(*sm.digit, width, *sm.above);
+            __syncthreads();  // digit / above / hist are rewritten by the next pass
+            if (in_bin == rs.krem || rs.lo == 0) break;  // the whole bin is taken, or every bit is resolved
         }
     }
-    const uint32_t T = prefix;
-    const int need = krem;  // masked keys == T to take (the lowest indices); masked keys > T: k - need
+    const uint32_t T = rs.prefix, pmask = rs.pmask;
+    const int need = rs.krem;  // masked keys == T to take (the lowest indices); masked keys > T: k - need
 
     // Stable compaction in index order: position of a selected key = (#greater before) + min(#equal before, need).
     int gt_run = 0, eq_run = 0;
@@ -356,131 +384,99 @@ __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[
 #pragma unroll
         for (int j = tid * 4; j < BINS; j += THREADS * 4) *reinterpret_cast<int4*>(&sm.hist[j]) = make_int4(0, 0, 0, 0);
     };
-    clear_hist();
-    kmn = __reduce_min_sync(0xffffffffu, kmn);
-    kmx = __reduce_max_sync(0xffffffffu, kmx);
-    if (lane == 0) {
-        sm.mn[warp] = kmn;
-        sm.mx[warp] = kmx;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int w = 0; w < WARPS; ++w) {
-        kmn = min(kmn, sm.mn[w]);
-        kmx = max(kmx, sm.mx[w]);
-    }
+    clear_hist();  // before the barrier in block_key_range: the first pass counts into it
+    block_key_range<THREADS>(kmn, kmx, sm.mn, sm.mx);
 
-    // Invariant as in topk_select_row: the top k are the keys with (key & pmask) > prefix plus krem of those equal.
-    uint32_t prefix, pmask;
-    int krem = k;
-    const uint32_t diff = kmn ^ kmx;
-    if (diff == 0u) {
-        prefix = kmx;
-        pmask = 0xFFFFFFFFu;
-    } else {
-        const int hb = 31 - __clz(diff);
-        pmask = hb == 31 ? 0u : ~((2u << hb) - 1u);
-        prefix = kmx & pmask;
-        int lo = hb + 1;
+    RadixSelect rs(kmn, kmx, k);
 #pragma unroll 1
-        while (true) {
-            const int width = min(kTopkRegBits, lo), shift = lo - width;
-            const uint32_t dmask = (1u << width) - 1u;
+    while (rs.lo > 0) {
+        const int width = rs.width(kTopkRegBits), shift = rs.lo - width;
+        const uint32_t dmask = (1u << width) - 1u;
 #pragma unroll
-            for (int u = 0; u < KPT; ++u) {
-                const bool in = u * THREADS + tid < n && (key[u] & pmask) == prefix;
-                const int bin = in ? static_cast<int>((key[u] >> shift) & dmask) : -1;
-                const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
-                if (__all_sync(0xffffffffu, bin == bin0)) {  // ties: one atomic for the warp
-                    if (lane == 0 && bin0 >= 0) atomicAdd(&sm.hist[bin0], 32);
-                } else if (bin >= 0) {
-                    atomicAdd(&sm.hist[bin], 1);
-                }
-            }
-            __syncthreads();
-            const int hi = BINS - warp * 32 * J;
-            int c[J], lsum = 0;
+        for (int u = 0; u < KPT; ++u)
+            hist_add(sm.hist,
+                     u * THREADS + tid < n && rs.matches(key[u]) ? static_cast<int>((key[u] >> shift) & dmask) : -1);
+        __syncthreads();
+        const int hi = BINS - warp * 32 * J;
+        int c[J], lsum = 0;
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            c[j] = sm.hist[hi - 1 - 32 * j - lane];
+            lsum += c[j];
+        }
+        const int wt = __reduce_add_sync(0xffffffffu, lsum);
+        if (lane == 0) sm.wtot[warp] = wt;
+        __syncthreads();
+        clear_hist();  // every read of this pass's histogram is done (before the barrier above)
+        if (tid == 0) sm.cnt = 0;
+        const int v = lane < WARPS ? sm.wtot[lane] : 0;
+        int incl = v;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, incl, o);
+            if (lane >= o) incl += y;
+        }
+        const int krem = rs.krem;
+        const int wstar = __ffs(__ballot_sync(0xffffffffu, lane < WARPS && incl >= krem)) - 1;
+        if (warp == wstar) {  // the warp whose bins hold the krem-th largest matching key
+            int run = __shfl_sync(0xffffffffu, incl - v, wstar);  // matching keys in higher warps' bins
+            int row[J];
+#pragma unroll
+            for (int j = 0; j < J; ++j) row[j] = __reduce_add_sync(0xffffffffu, c[j]);
+            int x = 0, jstar = -1;  // the row of 32 bins holding the crossing (warp-uniform) and my bin in it
 #pragma unroll
             for (int j = 0; j < J; ++j) {
-                c[j] = sm.hist[hi - 1 - 32 * j - lane];
-                lsum += c[j];
+                if (jstar < 0 && run + row[j] >= krem) {
+                    jstar = j;
+                    x = c[j];
+                } else if (jstar < 0) {
+                    run += row[j];
+                }
             }
-            const int wt = __reduce_add_sync(0xffffffffu, lsum);
-            if (lane == 0) sm.wtot[warp] = wt;
-            __syncthreads();
-            clear_hist();  // every read of this pass's histogram is done (before the barrier above)
-            if (tid == 0) sm.cnt = 0;
-            const int v = lane < WARPS ? sm.wtot[lane] : 0;
-            int incl = v;
+            int xi = x;
 #pragma unroll
             for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, incl, o);
-                if (lane >= o) incl += y;
+                const int y = __shfl_up_sync(0xffffffffu, xi, o);
+                if (lane >= o) xi += y;
             }
-            const int wstar = __ffs(__ballot_sync(0xffffffffu, lane < WARPS && incl >= krem)) - 1;
-            if (warp == wstar) {  // the warp whose bins hold the krem-th largest matching key
-                int run = __shfl_sync(0xffffffffu, incl - v, wstar);  // matching keys in higher warps' bins
-                int rs[J];
+            if (run + xi - x < krem && run + xi >= krem) {
+                sm.digit = hi - 1 - 32 * jstar - lane;
+                sm.above = run + xi - x;
+                sm.in_bin = x;
+            }
+        }
+        __syncthreads();
+        const int in_bin = sm.in_bin;
+        rs.take(sm.digit, width, sm.above);
+        if (in_bin == rs.krem) break;  // the masked comparison decides every key
+        if (in_bin <= kTopkRegGather && rs.lo > 0) {
 #pragma unroll
-                for (int j = 0; j < J; ++j) rs[j] = __reduce_add_sync(0xffffffffu, c[j]);
-                int x = 0, jstar = -1;  // the row of 32 bins holding the crossing (warp-uniform) and my bin in it
-#pragma unroll
-                for (int j = 0; j < J; ++j) {
-                    if (jstar < 0 && run + rs[j] >= krem) {
-                        jstar = j;
-                        x = c[j];
-                    } else if (jstar < 0) {
-                        run += rs[j];
-                    }
+            for (int u = 0; u < KPT; ++u)
+                if (u * THREADS + tid < n && rs.matches(key[u])) sm.cand[atomicAdd(&sm.cnt, 1)] = key[u];
+            __syncthreads();
+            if (warp == 0) {
+                const uint32_t mine = lane < in_bin ? sm.cand[lane] : 0u;
+                int gt = 0, eq_before = 0;
+#pragma unroll 1
+                for (int i = 0; i < in_bin; ++i) {
+                    const uint32_t o = __shfl_sync(0xffffffffu, mine, i);
+                    gt += o > mine;
+                    eq_before += o == mine && i < lane;
                 }
-                int xi = x;
-#pragma unroll
-                for (int o = 1; o < 32; o <<= 1) {
-                    const int y = __shfl_up_sync(0xffffffffu, xi, o);
-                    if (lane >= o) xi += y;
-                }
-                if (run + xi - x < krem && run + xi >= krem) {
-                    sm.digit = hi - 1 - 32 * jstar - lane;
-                    sm.above = run + xi - x;
-                    sm.in_bin = x;
+                if (lane < in_bin && gt + eq_before == rs.krem - 1) {  // the krem-th largest of the bin
+                    sm.T = mine;
+                    sm.need = rs.krem - gt;
                 }
             }
             __syncthreads();
-            const int in_bin = sm.in_bin;
-            prefix |= static_cast<uint32_t>(sm.digit) << shift;
-            pmask |= dmask << shift;
-            krem -= sm.above;
-            lo = shift;
-            if (in_bin == krem || lo == 0) break;  // the masked comparison decides every key
-            if (in_bin <= kTopkRegGather) {
-#pragma unroll
-                for (int u = 0; u < KPT; ++u)
-                    if (u * THREADS + tid < n && (key[u] & pmask) == prefix) sm.cand[atomicAdd(&sm.cnt, 1)] = key[u];
-                __syncthreads();
-                if (warp == 0) {
-                    const uint32_t mine = lane < in_bin ? sm.cand[lane] : 0u;
-                    int gt = 0, eq_before = 0;
-#pragma unroll 1
-                    for (int i = 0; i < in_bin; ++i) {
-                        const uint32_t o = __shfl_sync(0xffffffffu, mine, i);
-                        gt += o > mine;
-                        eq_before += o == mine && i < lane;
-                    }
-                    if (lane < in_bin && gt + eq_before == krem - 1) {  // the krem-th largest of the bin
-                        sm.T = mine;
-                        sm.need = krem - gt;
-                    }
-                }
-                __syncthreads();
-                prefix = sm.T;
-                pmask = 0xFFFFFFFFu;
-                krem = sm.need;
-                break;
-            }
+            rs.prefix = sm.T;
+            rs.pmask = 0xFFFFFFFFu;
+            rs.krem = sm.need;
+            break;
         }
     }
-    const uint32_t T = prefix;
-    const int need = krem;
+    const uint32_t T = rs.prefix, pmask = rs.pmask;
+    const int need = rs.krem;
 
     // Compaction: round u holds indices u THREADS .. (u + 1) THREADS - 1, warp w the 32 from u THREADS + 32 w.
     uint32_t bgt[KPT], beq[KPT];
