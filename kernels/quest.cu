@@ -60,8 +60,8 @@ void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
 // later passes re-read them from global memory / L2) and reduces their min and max: the bits above the highest bit
 // where min and max differ are common to every key, so the digit passes start there, 11 bits at a time, with a
 // 2048-bin shared histogram of the keys that match the digits chosen so far (one atomic per key; a warp whose keys
-// all fall in one bin, e.g. exact ties, adds once). A pass stops the search early when the bin holding the
-// K-1-th largest key is taken whole (usually after the first pass). Then, with the threshold T (masked to the
+// all fall in one bin, e.g. exact ties, adds once); one warp finds the bin holding the K-1-th largest key
+// (find_threshold_bin). A pass stops the search early when that bin is taken whole. Then, with the threshold T (masked to the
 // resolved bits) and `need` = how many keys equal to T to take, a stable compaction in index order writes every key
 // > T and the first `need` keys == T (lowest page ids) at their ascending-order positions (an exclusive block scan of
 // packed (greater, equal) counts). No page cap. That is topk_select_row: any row length, and the fused kernel's
@@ -190,15 +190,76 @@ __device__ __forceinline__ void hist_add(int* hist, int bin) {
 #endif
 }
 
+// The bin of a BINS-bin histogram (a higher bin = larger keys) that holds the krem-th largest counted key, found by
+// the whole block (THREADS threads) without a block scan: warp w owns the J = BINS / THREADS rows of 32 bins below
+// hi = BINS - 32 J w, lane l reads bins hi - 1 - 32 j - l (consecutive lanes, consecutive words: conflict-free); each
+// warp's total goes to shared memory, every warp scans the totals, and only the warp holding the crossing resolves
+// it (row sums by REDUX, then one shuffle scan). Every thread calls it after the barrier that ends the counting;
+// after_reads() runs in every thread once all have read the histogram (e.g. clears it for the next pass). Ends with
+// a barrier; then sel[0] = the bin, sel[1] = counted keys in higher bins, sel[2] = keys in the bin. s_wtot:
+// [THREADS / 32]. Requires 1 <= krem <= the counted keys.
+template <int THREADS, int BINS, class F>
+__device__ __forceinline__ void find_threshold_bin(const int* hist, int krem, int* s_wtot, int* sel, F&& after_reads) {
+    constexpr int WARPS = THREADS / 32, J = BINS / THREADS;
+    static_assert(BINS % THREADS == 0 && WARPS <= 32, "histogram shape");
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int hi = BINS - warp * 32 * J;
+    int c[J], lsum = 0;
+#pragma unroll
+    for (int j = 0; j < J; ++j) {
+        c[j] = hist[hi - 1 - 32 * j - lane];
+        lsum += c[j];
+    }
+    const int wt = __reduce_add_sync(0xffffffffu, lsum);
+    if (lane == 0) s_wtot[warp] = wt;
+    __syncthreads();
+    after_reads();
+    const int v = lane < WARPS ? s_wtot[lane] : 0;
+    int incl = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+    }
+    const int wstar = __ffs(__ballot_sync(0xffffffffu, lane < WARPS && incl >= krem)) - 1;
+    if (warp == wstar) {
+        int run = __shfl_sync(0xffffffffu, incl - v, wstar);  // counted keys in higher warps' bins
+        int row[J];
+#pragma unroll
+        for (int j = 0; j < J; ++j) row[j] = __reduce_add_sync(0xffffffffu, c[j]);
+        int x = 0, jstar = -1;  // the row of 32 bins holding the crossing (warp-uniform) and my bin in it
+#pragma unroll
+        for (int j = 0; j < J; ++j) {
+            if (jstar < 0 && run + row[j] >= krem) {
+                jstar = j;
+                x = c[j];
+            } else if (jstar < 0) {
+                run += row[j];
+            }
+        }
+        int xi = x;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(0xffffffffu, xi, o);
+            if (lane >= o) xi += y;
+        }
+        if (run + xi - x < krem && run + xi >= krem) {
+            sel[0] = hi - 1 - 32 * jstar - lane;
+            sel[1] = run + xi - x;
+            sel[2] = x;
+        }
+    }
+    __syncthreads();
+}
+
 // Shared memory of one block's radix select (see topk_select_row).
 struct TopkSmem {
     uint32_t* cache;  // [n] keys, or nullptr: every pass re-reads the scores from global memory (L2)
     int* hist;        // [kTopkBins]
-    int* warp;        // [32]
+    int* warp;        // [32]: warp totals (find_threshold_bin), then the compaction's scan
     uint32_t* mn;     // [THREADS / 32]
     uint32_t* mx;     // [THREADS / 32]
-    int* digit;       // [1]
-    int* above;       // [1]
+    int* sel;         // [3]: find_threshold_bin's result
 };
 
 // One selection row, the whole block (THREADS threads) cooperating: writes out[0 .. k) = the indices of the k largest
@@ -210,7 +271,6 @@ template <int THREADS>
 __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, int k, const TopkSmem& sm,
                                 const float* pre = nullptr) {
     constexpr int WARPS = THREADS / 32;
-    constexpr int BINS_PER_THREAD = kTopkBins / THREADS;
     static_assert(kTopkBins % THREADS == 0 && WARPS <= 32, "block size");
     const int tid = threadIdx.x;
     uint32_t* const s_cache = sm.cache;
@@ -236,6 +296,10 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
             }
         }
     }
+    auto clear_hist = [&] {
+        for (int i = tid; i < kTopkBins; i += THREADS) s_hist[i] = 0;
+    };
+    clear_hist();  // before the barrier in block_key_range: the first pass counts into it
     block_key_range<THREADS>(kmn, kmx, sm.mn, sm.mx);
 
     // Radix select over the bits below the common prefix, 11 bits per pass.
@@ -245,8 +309,6 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
         while (true) {
             const int width = rs.width(11), shift = rs.lo - width;
             const uint32_t dmask = (1u << width) - 1u;
-            for (int i = tid; i < kTopkBins; i += THREADS) s_hist[i] = 0;
-            __syncthreads();
 #pragma unroll 1
             for (int base = 0; base < n; base += THREADS * kTopkUnroll) {
                 uint32_t key[kTopkUnroll];
@@ -262,28 +324,9 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
                 }
             }
             __syncthreads();
-            // Thread t owns bins kTopkBins-1-BPT*t .. kTopkBins-BPT-BPT*t (descending): a scan in thread order counts
-            // the keys in higher bins.
-            int c[BINS_PER_THREAD], sum = 0;
-#pragma unroll
-            for (int j = 0; j < BINS_PER_THREAD; ++j) {
-                c[j] = s_hist[kTopkBins - 1 - BINS_PER_THREAD * tid - j];
-                sum += c[j];
-            }
-            int total;
-            int above = block_exclusive_scan<THREADS>(sum, sm.warp, total);
-#pragma unroll
-            for (int j = 0; j < BINS_PER_THREAD; ++j) {
-                if (above < rs.krem && above + c[j] >= rs.krem) {
-                    *sm.digit = kTopkBins - 1 - BINS_PER_THREAD * tid - j;
-                    *sm.above = above;
-                }
-                above += c[j];
-            }
-            __syncthreads();
-            const int in_bin = s_hist[*sm.digit];
-            rs.take(*sm.digit, width, *sm.above);
-            __syncthreads();  // digit / above / hist are rewritten by the next pass
+            find_threshold_bin<THREADS, kTopkBins>(s_hist, rs.krem, sm.warp, sm.sel, clear_hist);
+            const int in_bin = sm.sel[2];
+            rs.take(sm.sel[0], width, sm.sel[1]);
             if (in_bin == rs.krem || rs.lo == 0) break;  // the whole bin is taken, or every bit is resolved
         }
     }
@@ -334,10 +377,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 //   - Thread t holds keys t + u * THREADS (u < KPT) in registers: no shared key cache, no re-reads.
 //   - 12-bit digits (4096 bins, 16 KB; 13 bits measured 0.2-0.7% slower in the whole step, H200): at the row sizes
 //     of a long context the first pass usually leaves few keys in the threshold bin.
-//   - The threshold bin is found without a block scan: warp w owns the J = BINS / THREADS rows of 32 bins below
-//     hi = BINS - 32 J w, lane l reads bins hi - 1 - 32 j - l (conflict-free); each warp's total goes to shared
-//     memory, every warp scans the 16 totals, and only the warp holding the crossing resolves it (row sums by REDUX,
-//     then one shuffle scan): three barriers per pass.
+//   - Three barriers per pass, as in topk_select_row (find_threshold_bin).
 //   - When the threshold bin holds more keys than needed but at most 32, they are gathered and ranked by one warp
 //     (rank = keys greater + equal keys gathered earlier), which gives the exact threshold key T and how many keys
 //     equal to T to take: no further histogram pass.
@@ -355,7 +395,7 @@ struct TopkRegSmem {
     uint32_t cand[kTopkRegGather];           // the threshold bin's keys (gather)
     int comp[kTopkRegMaxKpt * kTopkWarps];   // compaction: (greater | equal << 16) per (round, warp)
     int cnt;                                 // gathered keys
-    int digit, above, in_bin;                // a pass's threshold bin, keys in higher bins, keys in it
+    int sel[3];                              // a pass's threshold bin, keys in higher bins, keys in it
     uint32_t T;                              // gather: the threshold key
     int need;                                // gather: keys equal to T to take
 };
@@ -364,7 +404,6 @@ template <int KPT>
 __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[KPT], int n, int k,
                                     TopkRegSmem& sm) {
     constexpr int THREADS = kTopkThreads, WARPS = kTopkWarps, BINS = kTopkRegBins;
-    constexpr int J = BINS / THREADS;  // bins per lane
     constexpr int EPL = KPT * WARPS / 32;  // compaction entries per lane
     static_assert(KPT >= 2 && KPT <= kTopkRegMaxKpt && KPT * WARPS % 32 == 0 && BINS % (THREADS * 4) == 0, "shape");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -397,57 +436,12 @@ __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[
             hist_add(sm.hist,
                      u * THREADS + tid < n && rs.matches(key[u]) ? static_cast<int>((key[u] >> shift) & dmask) : -1);
         __syncthreads();
-        const int hi = BINS - warp * 32 * J;
-        int c[J], lsum = 0;
-#pragma unroll
-        for (int j = 0; j < J; ++j) {
-            c[j] = sm.hist[hi - 1 - 32 * j - lane];
-            lsum += c[j];
-        }
-        const int wt = __reduce_add_sync(0xffffffffu, lsum);
-        if (lane == 0) sm.wtot[warp] = wt;
-        __syncthreads();
-        clear_hist();  // every read of this pass's histogram is done (before the barrier above)
-        if (tid == 0) sm.cnt = 0;
-        const int v = lane < WARPS ? sm.wtot[lane] : 0;
-        int incl = v;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, incl, o);
-            if (lane >= o) incl += y;
-        }
-        const int krem = rs.krem;
-        const int wstar = __ffs(__ballot_sync(0xffffffffu, lane < WARPS && incl >= krem)) - 1;
-        if (warp == wstar) {  // the warp whose bins hold the krem-th largest matching key
-            int run = __shfl_sync(0xffffffffu, incl - v, wstar);  // matching keys in higher warps' bins
-            int row[J];
-#pragma unroll
-            for (int j = 0; j < J; ++j) row[j] = __reduce_add_sync(0xffffffffu, c[j]);
-            int x = 0, jstar = -1;  // the row of 32 bins holding the crossing (warp-uniform) and my bin in it
-#pragma unroll
-            for (int j = 0; j < J; ++j) {
-                if (jstar < 0 && run + row[j] >= krem) {
-                    jstar = j;
-                    x = c[j];
-                } else if (jstar < 0) {
-                    run += row[j];
-                }
-            }
-            int xi = x;
-#pragma unroll
-            for (int o = 1; o < 32; o <<= 1) {
-                const int y = __shfl_up_sync(0xffffffffu, xi, o);
-                if (lane >= o) xi += y;
-            }
-            if (run + xi - x < krem && run + xi >= krem) {
-                sm.digit = hi - 1 - 32 * jstar - lane;
-                sm.above = run + xi - x;
-                sm.in_bin = x;
-            }
-        }
-        __syncthreads();
-        const int in_bin = sm.in_bin;
-        rs.take(sm.digit, width, sm.above);
+        find_threshold_bin<THREADS, BINS>(sm.hist, rs.krem, sm.wtot, sm.sel, [&] {
+            clear_hist();
+            if (tid == 0) sm.cnt = 0;
+        });
+        const int in_bin = sm.sel[2];
+        rs.take(sm.sel[0], width, sm.sel[1]);
         if (in_bin == rs.krem) break;  // the masked comparison decides every key
         if (in_bin <= kTopkRegGather && rs.lo > 0) {
 #pragma unroll
@@ -579,8 +573,8 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
         __shared__ int s_hist[kTopkBins];
         __shared__ int s_warp[32];
         __shared__ uint32_t s_min[kTopkWarps], s_max[kTopkWarps];
-        __shared__ int s_digit, s_above;
-        const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, &s_digit, &s_above};
+        __shared__ int s_sel[3];
+        const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, s_sel};
         topk_select_row<kTopkThreads>(out, in, n, k, sm, pre);
     }
 }
@@ -645,7 +639,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
 
     __shared__ int s_twarp[32];  // fused top-k scratch (scan, min / max per warp, digit, ticket)
     __shared__ uint32_t s_tmin[kScoreThreads / 32], s_tmax[kScoreThreads / 32];
-    __shared__ int s_tdigit, s_tabove, s_last;
+    __shared__ int s_tsel[3], s_last;
 
     pdl_wait();  // q, the position and the metadata come from the kernels before this one
     int len, P;
@@ -797,8 +791,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
                     constexpr int kCacheKeys = C::RING_BYTES / 4 - kTopkBins;
                     int* s_hist = reinterpret_cast<int*>(smem);
                     uint32_t* s_keys = reinterpret_cast<uint32_t*>(smem) + kTopkBins;
-                    const TopkSmem sm{n <= kCacheKeys ? s_keys : nullptr, s_hist, s_twarp, s_tmin, s_tmax, &s_tdigit,
-                                      &s_tabove};
+                    const TopkSmem sm{n <= kCacheKeys ? s_keys : nullptr, s_hist, s_twarp, s_tmin, s_tmax, s_tsel};
                     const int k = page_budget - 1;  // k < n: P > page_budget
                     const int r0 = per_head ? kvh * G : kvh, nr = per_head ? G : 1;
                     for (int r = r0; r < r0 + nr; ++r) {
