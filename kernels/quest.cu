@@ -93,26 +93,27 @@ __device__ __forceinline__ float ld_score(const float* p) {
     return r;
 }
 
+// Inclusive prefix sum over the lanes of a warp (every lane calls it).
+__device__ __forceinline__ int warp_inclusive_scan(int v) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += y;
+    }
+    return v;
+}
+
 // Exclusive prefix sum over the block (THREADS threads) in thread order; `total` gets the block sum.
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int v, int* s_warp, int& total) {
     constexpr int WARPS = THREADS / 32;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int x = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
+    const int x = warp_inclusive_scan(v);
     if (lane == 31) s_warp[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        int w = lane < WARPS ? s_warp[lane] : 0;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
+        const int w = warp_inclusive_scan(lane < WARPS ? s_warp[lane] : 0);
         if (lane < WARPS) s_warp[lane] = w;
     }
     __syncthreads();
@@ -215,12 +216,7 @@ __device__ __forceinline__ void find_threshold_bin(const int* hist, int krem, in
     __syncthreads();
     after_reads();
     const int v = lane < WARPS ? s_wtot[lane] : 0;
-    int incl = v;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-    }
+    const int incl = warp_inclusive_scan(v);
     const int wstar = __ffs(__ballot_sync(0xffffffffu, lane < WARPS && incl >= krem)) - 1;
     if (warp == wstar) {
         int run = __shfl_sync(0xffffffffu, incl - v, wstar);  // counted keys in higher warps' bins
@@ -237,12 +233,7 @@ __device__ __forceinline__ void find_threshold_bin(const int* hist, int krem, in
                 run += row[j];
             }
         }
-        int xi = x;
-#pragma unroll
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(0xffffffffu, xi, o);
-            if (lane >= o) xi += y;
-        }
+        const int xi = warp_inclusive_scan(x);
         if (run + xi - x < krem && run + xi >= krem) {
             sel[0] = hi - 1 - 32 * jstar - lane;
             sel[1] = run + xi - x;
@@ -491,12 +482,7 @@ __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[
         e[j] = sm.comp[EPL * lane + j];
         tot += e[j];
     }
-    int scan = tot;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, scan, o);
-        if (lane >= o) scan += y;
-    }
+    const int scan = warp_inclusive_scan(tot);
     int ex = scan - tot;  // before entry EPL l
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {

@@ -3,7 +3,10 @@
 // tests: what remains between the two is the GPU's fp16 activations and summation order.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <memory>
+#include <optional>
+#include <span>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "model/llama_cpu.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace quest::test {
 
@@ -31,6 +35,26 @@ inline std::shared_ptr<LlamaWeightsF32> fp16_rounded_weights(const ModelFolder& 
 
 inline std::unique_ptr<Backend> cpu_fp16_weights(const ModelFolder& m, const QuestSettings& q, int capacity) {
     return std::make_unique<CpuLlama>(fp16_rounded_weights(m), q, capacity);
+}
+
+// The trained demo model (models/demo) as the CUDA model tests use it: the folder, its tokenizer and the FP16-rounded
+// weights for the CPU backend. nullopt when the model is absent (the caller skips: GTEST_SKIP must be in the test).
+struct TrainedDemo {
+    ModelFolder folder;
+    Tokenizer tok;
+    std::shared_ptr<LlamaWeightsF32> weights;
+};
+inline std::optional<TrainedDemo> trained_demo(const std::filesystem::path& dir) {
+    if (!std::filesystem::exists(dir / "model.safetensors")) return std::nullopt;
+    ModelFolder m = open_model_folder(dir.string());
+    Tokenizer tok(m.tokenizer_file());
+    auto w = fp16_rounded_weights(m);
+    return TrainedDemo{std::move(m), std::move(tok), std::move(w)};
+}
+
+// Greedy decoding's choice: the index of the largest logit.
+inline int argmax(std::span<const float> logits) {
+    return static_cast<int>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 // Two backends' page selections of one Quest layer at one step, per query head (ascending pages; SelectionTrace /

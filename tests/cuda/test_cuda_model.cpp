@@ -311,11 +311,9 @@ TEST(CudaModel, RepeatedLoadsGiveBitIdenticalLogits) {
 // disagreed on the GPU.
 TEST(CudaModel, TrainedDemoPasskeyProtocolFollowsCpu) {
     QUEST_REQUIRE_GPU();
-    const auto dir = test::source_dir() / "models/demo";
-    if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << "SKIPPED: models/demo is absent";
-    const ModelFolder m = open_model_folder(dir.string());
-    const Tokenizer tok(m.tokenizer_file());
-    const auto w = test::fp16_rounded_weights(m);
+    const auto demo = test::trained_demo(test::source_dir() / "models/demo");
+    if (!demo) GTEST_SKIP() << "SKIPPED: models/demo is absent";
+    const auto& [m, tok, w] = *demo;
     struct Case {
         int context, budget;
     };

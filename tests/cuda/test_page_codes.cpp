@@ -857,15 +857,12 @@ TEST(PageCodesCuda, ModelFollowsCpu) {
 // backends generate the same tokens with int8 / int4 page bounds, K pages and bytes-matched.
 TEST(PageCodesCuda, TrainedModelGreedyTokensEqualCpu) {
     QUEST_REQUIRE_GPU();
-    const auto dir = test::source_dir() / "models/demo";
-    if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << "SKIPPED: models/demo is absent";
-    const ModelFolder m = open_model_folder(dir.string());
-    const Tokenizer tok(m.tokenizer_file());
-    const auto w = test::fp16_rounded_weights(m);
+    const auto demo = test::trained_demo(test::source_dir() / "models/demo");
+    if (!demo) GTEST_SKIP() << "SKIPPED: models/demo is absent";
+    const auto& [m, tok, w] = *demo;
     const PasskeyPrompt p = make_passkey_prompt(tok, 1024, 0.5, 12345);
     const int gen = 6;  // the 5-digit key and the '.' after it
     const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + gen + 8;
-    auto argmax = [](std::span<const float> l) { return static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin()); };
     for (MetadataFormat f : {MetadataFormat::Int8, MetadataFormat::Int4})
         for (bool match : {false, true}) {
             const QuestSettings q = code_settings(f, match, 64);
@@ -880,12 +877,12 @@ TEST(PageCodesCuda, TrainedModelGreedyTokensEqualCpu) {
                 lb = gpu->decode(t);
             }
             std::vector<int> ta, tb;
-            int a = argmax(la), b = argmax(lb);
+            int a = test::argmax(la), b = test::argmax(lb);
             for (int i = 0; i < gen; ++i) {
                 ta.push_back(a);
                 tb.push_back(b);
-                a = argmax(cpu.decode(a));
-                b = argmax(gpu->decode(b));
+                a = test::argmax(cpu.decode(a));
+                b = test::argmax(gpu->decode(b));
             }
             EXPECT_EQ(tb, ta) << "cpu: " << tok.decode(ta) << " | gpu: " << tok.decode(tb);
             check_model_codes(*gpu, q, f);  // the bound property on a trained model's keys

@@ -424,17 +424,12 @@ TEST(PageOracleCuda, MemoryPlanCountsTheWorkspace) {
 // ---------------------------------------------------------------------------------------------------------------------
 TEST(PageOracleCuda, TrainedModelFollowsCpu) {
     QUEST_REQUIRE_GPU();
-    const auto dir = test::source_dir() / "models/demo";
-    if (!std::filesystem::exists(dir / "model.safetensors")) GTEST_SKIP() << "SKIPPED: models/demo is absent";
-    const ModelFolder m = open_model_folder(dir.string());
-    const Tokenizer tok(m.tokenizer_file());
-    const auto w = test::fp16_rounded_weights(m);
+    const auto demo = test::trained_demo(test::source_dir() / "models/demo");
+    if (!demo) GTEST_SKIP() << "SKIPPED: models/demo is absent";
+    const auto& [m, tok, w] = *demo;
     const PasskeyPrompt p = make_passkey_prompt(tok, 1024, 0.5, 12345);
     const int gen = 6;  // the 5-digit key and the '.' after it
     const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + gen + 8;
-    auto argmax = [](std::span<const float> l) {
-        return static_cast<int>(std::max_element(l.begin(), l.end()) - l.begin());
-    };
     for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
         QuestSettings q;
         q.page_size = 16;
@@ -477,14 +472,14 @@ TEST(PageOracleCuda, TrainedModelFollowsCpu) {
                       gpu_quest->decode_bytes() + layers * m.config.num_kv_heads * per_layer_head_oracle);
         }
         std::vector<int> ta, tb;
-        int a = argmax(la), b = argmax(lb);
+        int a = test::argmax(la), b = test::argmax(lb);
         for (int i = 0; i < gen; ++i) {
             ta.push_back(a);
             tb.push_back(b);
             if (a != b) break;  // the streams diverged (reported below): the logits no longer compare
             step(a);
-            a = argmax(la);
-            b = argmax(lb);
+            a = test::argmax(la);
+            b = test::argmax(lb);
         }
         EXPECT_EQ(tb, ta) << "cpu: " << tok.decode(ta) << " | gpu: " << tok.decode(tb);
         std::printf("[oracle %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g)\n",
