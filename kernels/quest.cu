@@ -627,11 +627,19 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     __shared__ uint32_t s_tmin[kScoreThreads / 32], s_tmax[kScoreThreads / 32];
     __shared__ int s_tsel[3], s_last;
 
-    pdl_wait();  // q, the position and the metadata come from the kernels before this one
+    // Before pdl_wait: the position and the metadata of the complete pages (the candidates) come from kernels that
+    // are complete once this grid runs at all (the kernel before it, rope_append, triggers only after its own wait;
+    // the current step writes the last page's bounds only, never a candidate's), so the first stages of metadata
+    // stream in while rope_append finishes. q comes from rope_append: read after pdl_wait. Every path waits before
+    // it returns (a grid that completed without waiting would let its dependents pass their wait early).
     int len, P;
-    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
+    if (!device_len(d_pos, page_size_log2, max_pages, len, P)) {
+        pdl_wait();
+        return;
+    }
     const int tid = threadIdx.x;
     if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
+        pdl_wait();
         if constexpr (FUSED) {
             const int rows = per_head ? num_heads : num_kv_heads;
             const long long cells = static_cast<long long>(rows) * P;
@@ -647,7 +655,10 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     const int G = num_heads / num_kv_heads;
     const int nb = (G + GT - 1) / GT;  // head batches per item
     const int items = (n + kScoreTile - 1) / kScoreTile * num_kv_heads;
-    if (static_cast<int>(blockIdx.x) >= items) return;
+    if (static_cast<int>(blockIdx.x) >= items) {
+        pdl_wait();
+        return;
+    }
     const int my_items = (items - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
     const int per_item = nb * NCH;  // stages per item
     const int total = my_items * per_item;
@@ -679,12 +690,13 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
             cp_async16(dmax + dst, kmax + src, ok ? 16 : 0);
         }
     };
-    // Prologue: the first STAGES - 1 stages.
+    // Prologue: the first STAGES - 1 stages, before the wait (see above).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < total) issue(s);
         cp_async_commit();
     }
+    pdl_wait();  // q
     const int tiles = (n + kScoreTile - 1) / kScoreTile;  // items per KV head (and head batch loop)
     float acc[GT] = {};
     float agg = 0.0f;  // KvMax / KvSum aggregate of this thread's page over the item's head batches
