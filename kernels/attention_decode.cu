@@ -42,23 +42,48 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, con
     constexpr int LANES = D / 8;
     constexpr int GROUPS = kThreads / LANES;
     constexpr int kUnroll = G <= 2 ? 8 : 4;  // rows of K (or V) loaded per token group before the first use
-    pdl_wait();
-    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
+    // Before pdl_wait: the position and the K rows of every token but the newest come from kernels that are complete
+    // once this grid runs at all (the kernel before it, rope_append, triggers only after its own wait), so the first
+    // batch of K rows is loaded before the wait; the newest row and q come from rope_append and are read after it.
+    // Every path waits before it returns (a grid that completed without waiting would let its dependents pass early).
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int len = *d_pos + 1;
-    if (len < 1 || len > kv.capacity) return;
+    if (len < 1 || len > kv.capacity) {
+        pdl_wait();
+        return;
+    }
     const Spans sp = decode_spans(len, split_tokens, wave_splits, ws.max_splits);
     const int active = sp.active;
     const int t0 = split * sp.span;
-    if (split >= active) return;  // span beyond the sequence: it takes no ticket and the merge ignores it
+    if (split >= active) {  // span beyond the sequence: it takes no ticket and the merge ignores it
+        pdl_wait();
+        return;
+    }
     const int n = min(len, t0 + sp.span) - t0;  // <= split_tokens: the shared score row's length
+    const int tid = threadIdx.x, group = tid / LANES, sub = tid % LANES;
+    const __half* K = kv.k + (static_cast<int64_t>(kvh) * kv.capacity + t0) * D + sub * 8;
+    const __half* V = kv.v + (static_cast<int64_t>(kvh) * kv.capacity + t0) * D + sub * 8;
+    const int newest = len - 1 - t0;  // the row rope_append writes (may lie outside this span)
+    uint4 kr[kUnroll];                // the first batch of K rows (phase 1, base 0)
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+        const int t = group + u * GROUPS;
+        kr[u] = t < n && t != newest ? __ldg(reinterpret_cast<const uint4*>(K + static_cast<int64_t>(t) * D))
+                                     : make_uint4(0, 0, 0, 0);
+    }
+    pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
+    // The newest row through L2 (ld.cg): an L1 line loaded for an older row may hold part of it (rows < 128 bytes).
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u)
+        if (group + u * GROUPS == newest)
+            kr[u] = __ldcg(reinterpret_cast<const uint4*>(K + static_cast<int64_t>(newest) * D));
 
     extern __shared__ float smem[];
     float* s = smem;                      // [G][split_tokens]
     float* red = s + G * split_tokens;    // [GROUPS][G][D]
     __shared__ float m_sh[G], l_sh[G];
 
-    const int tid = threadIdx.x, group = tid / LANES, sub = tid % LANES;
     const int warp = tid / 32, lane = tid % 32;
 
     float qr[G][8];
@@ -69,17 +94,17 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, con
 #pragma unroll
         for (int j = 0; j < 8; ++j) qr[g][j] *= scale_log2;
     }
-    const __half* K = kv.k + (static_cast<int64_t>(kvh) * kv.capacity + t0) * D + sub * 8;
-    const __half* V = kv.v + (static_cast<int64_t>(kvh) * kv.capacity + t0) * D + sub * 8;
 
     // Phase 1: scores. The loop bounds are uniform across the block (shuffles below need every lane).
     for (int base = 0; base < n; base += GROUPS * kUnroll) {
         const int tb = base + group;
-        uint4 kr[kUnroll];
+        if (base > 0) {
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-            const int t = tb + u * GROUPS;
-            kr[u] = t < n ? __ldg(reinterpret_cast<const uint4*>(K + static_cast<int64_t>(t) * D)) : make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < kUnroll; ++u) {
+                const int t = tb + u * GROUPS;
+                kr[u] = t < n ? __ldg(reinterpret_cast<const uint4*>(K + static_cast<int64_t>(t) * D))
+                              : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {

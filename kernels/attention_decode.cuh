@@ -31,7 +31,10 @@ int decode_max_splits(int capacity, int split_tokens);
 // bytes at 37K tokens of a 128K cache), at least 64 tokens each, at most ws.max_splits (>= ceil(capacity /
 // split_tokens); decode_max_splits gives room to balance). The grid is (num_kv_heads, ws.max_splits) at every length
 // and spans beyond len do no work: the launch can be captured in a CUDA graph. One launch: the last span of each KV
-// head to finish (an atomic ticket) merges the group's partial results.
+// head to finish (an atomic ticket) merges the group's partial results. Launched with programmatic dependent launch,
+// it reads the position and the K rows of every token but the newest BEFORE waiting for the kernel before it: those
+// must not be written by that kernel (in the decode step it is rope_append, which appends only the newest row and
+// triggers its dependents only after its own wait, so every earlier kernel is complete).
 void attention_decode(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads, float scale,
                       int split_tokens, const SplitWorkspace& ws, cudaStream_t stream);
 

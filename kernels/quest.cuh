@@ -78,7 +78,10 @@ struct QuestWorkspace {
 // Step 1. q: [num_heads][head_dim] fp16 (post-RoPE). With P = ceil(len / S) pages: when P > page_budget, writes
 // scores[r][p] for every candidate page p < P - 1 (row stride kv.max_pages); a dense step (P <= page_budget) needs no
 // scores and writes nothing; nothing is ever written at p >= P - 1. Reads each KV head's metadata once (for groups of
-// more than 8 query heads: once per 8 heads), with 16-byte coalesced loads.
+// more than 8 query heads: once per 8 heads), with 16-byte coalesced loads. Launched with programmatic dependent
+// launch, it reads the position and the candidates' metadata BEFORE waiting for the kernel before it (only q after):
+// that kernel must not write them (in the decode step it is rope_append, which writes the last page's bounds only and
+// triggers its dependents only after its own wait). The same holds for quest_page_scores_top_k and quest_decode.
 void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
                        int page_budget, GqaPolicy policy, cudaStream_t stream);
 
