@@ -261,14 +261,13 @@ std::vector<float> topk_rows(std::mt19937& rng, int rows, int n, int stride) {
     return v;
 }
 
-void check_top_k(int n, int K, int page_size, int extra_stride, uint32_t seed) {
+// quest_top_k on `rows` score rows of n candidates (row stride `stride`) against top_k_ref, K pages per row.
+void check_top_k_rows(const std::vector<float>& scores, int rows, int n, int stride, int K, int page_size,
+                      uint32_t seed) {
     SCOPED_TRACE("n=" + std::to_string(n) + " K=" + std::to_string(K) + " S=" + std::to_string(page_size));
     // n candidates -> P = n + 1 pages; len anywhere in the last page.
     const int P = n + 1;
     const int len = (P - 1) * page_size + 1 + static_cast<int>(seed % page_size);
-    const int rows = 7, stride = std::max(n, 1) + extra_stride;
-    std::mt19937 rng(seed);
-    const std::vector<float> scores = topk_rows(rng, rows, n, stride);
     DeviceBuffer<float> dscores(scores.size());
     dscores.upload(scores);
     DeviceBuffer<int> dsel(static_cast<size_t>(rows) * K), dpos(1);
@@ -299,6 +298,12 @@ void check_top_k(int n, int K, int page_size, int extra_stride, uint32_t seed) {
     }
 }
 
+void check_top_k(int n, int K, int page_size, int extra_stride, uint32_t seed) {
+    const int rows = 7, stride = std::max(n, 1) + extra_stride;
+    std::mt19937 rng(seed);
+    check_top_k_rows(topk_rows(rng, rows, n, stride), rows, n, stride, K, page_size, seed);
+}
+
 TEST(QuestCuda, TopKMatchesReference) {
     QUEST_REQUIRE_GPU();
     uint32_t seed = 1;
@@ -310,6 +315,33 @@ TEST(QuestCuda, TopKMatchesReference) {
     check_top_k(40000, 4096, 1, 3, seed++);  // global path with a padded stride
     check_top_k(65536, 32769, 1, 0, seed++);  // half the candidates
     check_top_k(3000, 2999, 1, 0, seed++);    // all but one (k = n - 1)
+}
+
+// Rows built so that the first digit pass leaves the K-1-th largest key in a bin of m keys that it must split: 100
+// keys far above (1000 + i), m keys in one bin (5 + c 2^-18, c in [0, 12): ties among them), the rest below (row 0:
+// in [-1, 0), so the sign bit differs; row 1: in (0, 0.5)), at shuffled positions. m <= 32 is resolved by ranking in
+// one warp (the register select), m = 33 by another pass; k - 100 takes part of the bin, ties to the lower index.
+TEST(QuestCuda, TopKThresholdBinSplitByRankOrByAnotherPass) {
+    QUEST_REQUIRE_GPU();
+    const int n = 2047;
+    for (int m : {2, 20, 32, 33})
+        for (int take : {1, m / 2, m - 1}) {
+            SCOPED_TRACE("m=" + std::to_string(m) + " take=" + std::to_string(take));
+            const int rows = 2;
+            std::mt19937 rng(static_cast<uint32_t>(1000 + 64 * m + take));
+            std::uniform_real_distribution<float> low(0.0f, 1.0f);
+            std::uniform_int_distribution<int> tie(0, 11);
+            std::vector<float> scores(static_cast<size_t>(rows) * n);
+            for (int r = 0; r < rows; ++r) {
+                std::vector<float> v;
+                for (int i = 0; i < 100; ++i) v.push_back(1000.0f + static_cast<float>(i));
+                for (int i = 0; i < m; ++i) v.push_back(5.0f + static_cast<float>(tie(rng)) * 0x1p-18f);
+                while (static_cast<int>(v.size()) < n) v.push_back(r == 0 ? -low(rng) : 0.5f * low(rng) + 1e-3f);
+                std::shuffle(v.begin(), v.end(), rng);
+                std::copy(v.begin(), v.end(), scores.begin() + static_cast<size_t>(r) * n);
+            }
+            check_top_k_rows(scores, rows, n, n, 100 + take + 1, 16, static_cast<uint32_t>(m));
+        }
 }
 
 TEST(QuestCuda, TopKDenseAndSmallBudgets) {
