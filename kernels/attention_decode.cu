@@ -45,7 +45,10 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, con
     // Before pdl_wait: the position and the K rows of every token but the newest come from kernels that are complete
     // once this grid runs at all (the kernel before it, rope_append, triggers only after its own wait), so the first
     // batch of K rows is loaded before the wait; the newest row and q come from rope_append and are read after it.
-    // Every path waits before it returns (a grid that completed without waiting would let its dependents pass early).
+    // The early loads go through L2 only (ld.cg): a row shorter than a 128-byte line shares its line with neighbours,
+    // and an L1 copy of a line holding the newest row, fetched before rope_append wrote it, would serve stale bytes
+    // to the loads after the wait (this block's later batches, or another block's on the SM). Every path waits before
+    // it returns (a grid that completed without waiting would let its dependents pass their wait early).
     const int kvh = blockIdx.x, split = blockIdx.y;
     const int len = *d_pos + 1;
     if (len < 1 || len > kv.capacity) {
@@ -68,12 +71,11 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, con
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
         const int t = group + u * GROUPS;
-        kr[u] = t < n && t != newest ? __ldg(reinterpret_cast<const uint4*>(K + static_cast<int64_t>(t) * D))
+        kr[u] = t < n && t != newest ? __ldcg(reinterpret_cast<const uint4*>(K + static_cast<int64_t>(t) * D))
                                      : make_uint4(0, 0, 0, 0);
     }
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
-    // The newest row through L2 (ld.cg): an L1 line loaded for an older row may hold part of it (rows < 128 bytes).
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u)
         if (group + u * GROUPS == newest)
