@@ -3,7 +3,7 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [fused] [attention] [quest] [codes] [--json FILE]   (no section named: all of
+//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named: all of
 //   them; codes: only the page-codes part of quest; fused: one layer's GEMVs with and without the fused epilogues)
 #include <algorithm>
 #include <cmath>
@@ -20,6 +20,7 @@
 #include "kernels/gemv_int4.cuh"
 #include "kernels/page_codes.cuh"
 #include "kernels/quest.cuh"
+#include "tests/cuda/bench_read.h"
 
 using namespace quest;
 
@@ -141,6 +142,40 @@ void bench_gemv_int4() {
         }
         const double td = time_ms([&](int i) { dequantize_int4_to_half(out.get(), view(i % copies), nullptr); });
         report(std::string("dequant int4->fp16 ") + s.name, td, packed + size_t(s.rows) * s.cols * 2.0);
+    }
+}
+
+// The read-only ceiling at the int4 and FP16 GEMVs' byte counts (tests/cuda/bench_read.cu): isolated launches and 16
+// back to back (programmatic dependent launch), bytes rotated over copies past the L2.
+void bench_read() {
+    struct Size { const char* name; double bytes; };
+    const double g = 3.0 / 128;  // int4 g128: half a byte per weight plus 3 bytes (scale, zero) per group
+    const Size sizes[] = {{"int4 qkv 12288x4096", 12288.0 * 4096 * (0.5 + g)},
+                          {"int4 o 4096x4096", 4096.0 * 4096 * (0.5 + g)},
+                          {"int4 gate|up 22016x4096", 22016.0 * 4096 * (0.5 + g)},
+                          {"int4 down 4096x11008", 4096.0 * 11008 * (0.5 + g)},
+                          {"fp16 qkv 12288x4096", 12288.0 * 4096 * 2},
+                          {"fp16 gate|up 22016x4096", 22016.0 * 4096 * 2}};
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    DeviceBuffer<uint32_t> out(size_t(sms) * 4);
+    for (const Size& s : sizes) {
+        const size_t bytes = (static_cast<size_t>(s.bytes) + 255) / 256 * 256;
+        const int copies = std::max<int>(2, int(std::ceil(240e6 / double(bytes))));
+        DeviceBuffer<uint8_t> src(bytes * copies);
+        fill_random_half(reinterpret_cast<__half*>(src.get()), bytes * copies / 2, 3, 1.0f, 0.0f, nullptr);
+        for (int v = 0; v < bench::read_variant_count(); ++v) {
+            const std::string name = std::string("read [") + bench::read_variant_name(v) + "] " + s.name;
+            const double t1 = time_ms([&](int i) {
+                bench::read_variant(v, out.get(), src.get() + bytes * (i % copies), bytes, nullptr);
+            });
+            report(name, t1, double(bytes));
+            const double t16 = time_ms([&](int i) {
+                for (int k = 0; k < 16; ++k)
+                    bench::read_variant(v, out.get(), src.get() + bytes * ((i * 16 + k) % copies), bytes, nullptr);
+            }) / 16;
+            report(name + " x16", t16, double(bytes));
+        }
     }
 }
 
@@ -499,6 +534,7 @@ int main(int argc, char** argv) {
     try {
         if (want("gemv")) bench_gemv();
         if (want("gemv4")) bench_gemv_int4();
+        if (want("read")) bench_read();
         if (want("fused")) bench_fused();
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
