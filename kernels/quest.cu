@@ -10,6 +10,7 @@
 
 #include "kernels/quest.cuh"
 #include "kernels/device_utils.cuh"
+#include "kernels/rope_device.cuh"
 
 namespace quest {
 
@@ -37,6 +38,33 @@ __device__ __forceinline__ bool device_len(const int* d_pos, int page_size_log2,
     len = *d_pos + 1;
     P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
     return len >= 1 && P <= max_pages;
+}
+
+// The decode token's RoPE + KV append folded into the Quest launches (QuestRopeAppend, kernels/quest.cuh): the
+// scoring kernel rotates its heads' q from qkv itself, and the top-k kernel does rope_append_kv's work (T = 1, the
+// same code: kernels/rope_device.cuh), its loads issued right after its wait and its stores after the select.
+struct RopeArgs {
+    const float* qkv = nullptr;  // [q_dim | kv_dim | kv_dim] fp32, or null: off
+    __half* q_out = nullptr;     // [num_heads][D]
+    KvLayerView kv;              // the cache written by the append
+    RopeDeviceParams rope;
+    int num_heads = 0;
+};
+constexpr int kTopkRopeItems = 2;  // append items per thread whose loads go out before the select (more: after it)
+
+// The kernels' RopeArgs for a QuestRopeAppend (null: off).
+RopeArgs rope_args(const QuestRopeAppend* r, const KvLayerView& kv, int num_heads) {
+    RopeArgs a;
+    if (!r) return a;
+    QUEST_REQUIRE(r->qkv && r->q_out && kv.k && kv.v && kv.kmin && kv.kmax,
+                  "RoPE append: qkv, q_out and the K/V cache with its bounds are required");
+    QUEST_REQUIRE(r->rope.dynamic || r->rope.inv_freq, "RoPE append: inv_freq table missing");
+    a.qkv = r->qkv;
+    a.q_out = r->q_out;
+    a.kv = kv;
+    a.rope = r->rope;
+    a.num_heads = num_heads;
+    return a;
 }
 
 bool head_dim_supported(int d) { return d == 8 || d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
@@ -511,29 +539,13 @@ __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[
     }
 }
 
-// KPT > 0: the row's score_stride <= kTopkThreads * KPT, every candidate in registers (topk_select_row_reg);
-// KPT = 0: any stride (topk_select_row, keys cached in dynamic shared memory when `cache`, else re-read from L2).
-template <int KPT>
-__global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
-                                                             const float* __restrict__ scores, int score_stride,
-                                                             const int* __restrict__ d_pos, int page_size_log2,
-                                                             int page_budget, int cache, int select_stride,
-                                                             MatchedBudget match) {
-    constexpr int PRE = KPT > 0 ? KPT : kTopkUnroll;
-    pdl_wait();
-    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
+// The selection of one row after the wait: `pre` holds the row's first round of scores (entries u * kTopkThreads +
+// tid), loaded together with the position.
+template <int KPT, int PRE>
+__device__ __forceinline__ void top_k_row(int* __restrict__ out, const float* __restrict__ in, const float (&pre)[PRE],
+                                          int len, int score_stride, int page_size_log2, int page_budget, int cache,
+                                          int select_stride, const MatchedBudget& match) {
     const int tid = threadIdx.x;
-    int* out = selected + static_cast<size_t>(blockIdx.x) * select_stride;
-    const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
-    // The first round of scores is loaded together with the position (one dependent round trip less): entries
-    // u * kTopkThreads + tid < score_stride of the row (those past this step's candidates are never used).
-    float pre[PRE];
-#pragma unroll
-    for (int u = 0; u < PRE; ++u) {
-        const int i = u * kTopkThreads + tid;
-        pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
-    }
-    const int len = *d_pos + 1;
     if (len < 1) return;
     const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
     if (P <= page_budget) {  // dense step: every page
@@ -562,6 +574,57 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
         __shared__ int s_sel[3];
         const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, s_sel};
         topk_select_row<kTopkThreads>(out, in, n, k, sm, pre);
+    }
+}
+
+// One block per selection row. KPT > 0: the row's score_stride <= kTopkThreads * KPT, every candidate in registers
+// (topk_select_row_reg); KPT = 0: any stride (topk_select_row, keys cached in dynamic shared memory when `cache`,
+// else re-read from L2).
+template <int KPT>
+__global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ selected,
+                                                             const float* __restrict__ scores, int score_stride,
+                                                             const int* __restrict__ d_pos, int page_size_log2,
+                                                             int page_budget, int cache, int select_stride,
+                                                             MatchedBudget match, RopeArgs ra) {
+    constexpr int PRE = KPT > 0 ? KPT : kTopkUnroll;
+    pdl_wait();
+    pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
+    const int tid = threadIdx.x;
+    int* out = selected + static_cast<size_t>(blockIdx.x) * select_stride;
+    const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
+    // The first round of scores is loaded together with the position (one dependent round trip less): entries
+    // u * kTopkThreads + tid < score_stride of the row (those past this step's candidates are never used).
+    float pre[PRE];
+#pragma unroll
+    for (int u = 0; u < PRE; ++u) {
+        const int i = u * kTopkThreads + tid;
+        pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
+    }
+    const int len = *d_pos + 1;
+    // RoPE + append (ra.qkv non-null), items tid * gridDim.x + blockIdx.x + u * stride over the grid: the first
+    // kTopkRopeItems loaded now (in flight during the select), all of them finished after it. Only for a position
+    // inside the cache (the scoring kernel's condition).
+    const bool rope_on = ra.qkv != nullptr && len >= 1 &&
+                         ((len + ra.kv.page_size - 1) / ra.kv.page_size) <= ra.kv.max_pages;
+    const rope_dev::Token tk{ra.q_out, ra.kv, ra.qkv, len - 1, 1, ra.num_heads};
+    const int first = tid * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+    const int stride = static_cast<int>(gridDim.x) * kTopkThreads;
+    rope_dev::ItemIn rin[kTopkRopeItems];
+    if (rope_on) {
+#pragma unroll
+        for (int u = 0; u < kTopkRopeItems; ++u)
+            if (first + u * stride < tk.items()) rin[u] = rope_dev::item_load(tk, first + u * stride);
+    }
+    top_k_row<KPT>(out, in, pre, len, score_stride, page_size_log2, page_budget, cache, select_stride, match);
+    if (rope_on) {
+        const double dyn_base = rope_dev::dynamic_base(ra.rope, ra.kv.head_dim, len);
+#pragma unroll
+        for (int u = 0; u < kTopkRopeItems; ++u) {
+            const int idx = first + u * stride;
+            if (idx < tk.items()) rope_dev::item_store(tk, idx, rin[u], ra.rope, dyn_base);
+        }
+        for (int idx = first + kTopkRopeItems * stride; idx < tk.items(); idx += stride)
+            rope_dev::item_store(tk, idx, rope_dev::item_load(tk, idx), ra.rope, dyn_base);
     }
 }
 
@@ -614,7 +677,7 @@ template <int D, int GT, bool FUSED>
 __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     float* __restrict__ scores, int* __restrict__ selected, int* __restrict__ tickets, const __half* __restrict__ q,
     const __half* __restrict__ kmin, const __half* __restrict__ kmax, const int* __restrict__ d_pos, int num_heads,
-    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum) {
+    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum, RopeArgs ra) {
     using C = ScoreCfg<D, GT>;
     constexpr int CH = C::CH, CPR = C::CPR, NCH = C::NCH;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -638,6 +701,9 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         return;
     }
     const int tid = threadIdx.x;
+    // ra.qkv non-null: q is rotated here from qkv (read after pdl_wait), not read from q (RopeArgs).
+    const bool rope_on = ra.qkv != nullptr;
+    const double dyn_base = rope_on ? rope_dev::dynamic_base(ra.rope, D, len) : 0.0;
     if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
         pdl_wait();
         if constexpr (FUSED) {
@@ -713,18 +779,39 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         cp_async_commit();
         if (ch == 0) {
             // q in fp32, and per channel pair a mask selecting kmax's half where q >= 0 and kmin's where q < 0.
-            for (int i = tid; i < GT * D / 2; i += kScoreThreads) {
-                const int g = i / (D / 2), c2 = i % (D / 2);
-                float q0 = 0.0f, q1 = 0.0f;
-                if (g < ng) {
-                    const float2 qq = __half22float2(
-                        *reinterpret_cast<const __half2*>(q + static_cast<size_t>(kvh * G + gb + g) * D + 2 * c2));
-                    q0 = qq.x;
-                    q1 = qq.y;
+            if (rope_on) {  // rotated here from qkv: pair i of head g is channels (i, i + D / 2)
+                uint16_t* mask16 = reinterpret_cast<uint16_t*>(smask);  // [g][channel] halves of the pair words
+                for (int i = tid; i < GT * D / 2; i += kScoreThreads) {
+                    const int g = i / (D / 2), j = i % (D / 2);
+                    float q0 = 0.0f, q1 = 0.0f;
+                    if (g < ng) {
+                        const float* qr = ra.qkv + static_cast<size_t>(kvh * G + gb + g) * D;
+                        float c, sn;
+                        rope_dev::cos_sin(ra.rope, D, j, len - 1, dyn_base, c, sn);
+                        __half r1, r2;
+                        rope_dev::rotate(qr[j], qr[j + D / 2], c, sn, r1, r2);
+                        q0 = __half2float(r1);
+                        q1 = __half2float(r2);
+                    }
+                    sq[g * D + j] = q0;
+                    sq[g * D + j + D / 2] = q1;
+                    mask16[g * D + j] = q0 >= 0.0f ? 0xFFFFu : 0u;
+                    mask16[g * D + j + D / 2] = q1 >= 0.0f ? 0xFFFFu : 0u;
                 }
-                sq[g * D + 2 * c2] = q0;
-                sq[g * D + 2 * c2 + 1] = q1;
-                smask[i] = (q0 >= 0.0f ? 0x0000FFFFu : 0u) | (q1 >= 0.0f ? 0xFFFF0000u : 0u);
+            } else {
+                for (int i = tid; i < GT * D / 2; i += kScoreThreads) {
+                    const int g = i / (D / 2), c2 = i % (D / 2);
+                    float q0 = 0.0f, q1 = 0.0f;
+                    if (g < ng) {
+                        const float2 qq = __half22float2(
+                            *reinterpret_cast<const __half2*>(q + static_cast<size_t>(kvh * G + gb + g) * D + 2 * c2));
+                        q0 = qq.x;
+                        q1 = qq.y;
+                    }
+                    sq[g * D + 2 * c2] = q0;
+                    sq[g * D + 2 * c2 + 1] = q1;
+                    smask[i] = (q0 >= 0.0f ? 0x0000FFFFu : 0u) | (q1 >= 0.0f ? 0xFFFF0000u : 0u);
+                }
             }
 #pragma unroll
             for (int g = 0; g < GT; ++g) acc[g] = 0.0f;
@@ -1120,7 +1207,8 @@ int pow2_group(int g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8; }
 // (nullptr when !FUSED).
 template <int D, int GT, bool FUSED>
 void launch_scores(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
-                   const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
+                   const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, const RopeArgs& ra,
+                   cudaStream_t stream) {
     constexpr int smem = ScoreCfg<D, GT>::SMEM_BYTES;
     static std::atomic<uint64_t> attr_set{0};  // devices on which the > 48 KB opt-in was made
     static std::atomic<int> per_sm{0};
@@ -1143,50 +1231,52 @@ void launch_scores(float* scores, int* selected, int* tickets, const __half* q, 
     launch_pdl(page_scores_kernel<D, GT, FUSED>, dim3(grid), dim3(kScoreThreads), smem, stream, scores, selected,
                tickets, q, kv.kmin, kv.kmax, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size),
                page_budget, static_cast<int>(policy == GqaPolicy::PerHead),
-               static_cast<int>(policy == GqaPolicy::KvSum));
+               static_cast<int>(policy == GqaPolicy::KvSum), ra);
 }
 
 template <int D, bool FUSED>
 void launch_scores_d(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
-                     const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
+                     const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, const RopeArgs& ra,
+                     cudaStream_t stream) {
     switch (pow2_group(num_heads / kv.num_kv_heads)) {
         case 1:
             return launch_scores<D, 1, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              stream);
+                                              ra, stream);
         case 2:
             return launch_scores<D, 2, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              stream);
+                                              ra, stream);
         case 4:
             return launch_scores<D, 4, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              stream);
+                                              ra, stream);
         default:
             return launch_scores<D, 8, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              stream);
+                                              ra, stream);
     }
 }
 
 template <bool FUSED>
 void launch_scores_any(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
-                       const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
+                       const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, const RopeArgs& ra,
+                       cudaStream_t stream) {
     switch (kv.head_dim) {
         case 8:
             return launch_scores_d<8, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               stream);
+                                               ra, stream);
         case 16:
             return launch_scores_d<16, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               stream);
+                                               ra, stream);
         case 32:
             return launch_scores_d<32, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               stream);
+                                               ra, stream);
         case 64:
             return launch_scores_d<64, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               stream);
+                                               ra, stream);
         case 128:
             return launch_scores_d<128, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               stream);
+                                               ra, stream);
         default:
             return launch_scores_d<256, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               stream);
+                                               ra, stream);
     }
 }
 
@@ -1278,12 +1368,13 @@ QuestWorkspaceSizes quest_workspace_sizes(int num_heads, int num_kv_heads, int h
 }
 
 void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
-                       int page_budget, GqaPolicy policy, cudaStream_t stream) {
+                       int page_budget, GqaPolicy policy, cudaStream_t stream, const QuestRopeAppend* rope) {
     require_kv(kv, num_heads, page_budget);
     QUEST_REQUIRE(scores && q && kv.kmin && kv.kmax && d_pos, "null pointer");
     QUEST_REQUIRE(is_aligned(kv.kmin, 16) && is_aligned(kv.kmax, 16) && is_aligned(q, 4),
                   "metadata must be 16-byte aligned, q 4-byte aligned");
-    launch_scores_any<false>(scores, nullptr, nullptr, q, kv, d_pos, num_heads, page_budget, policy, stream);
+    launch_scores_any<false>(scores, nullptr, nullptr, q, kv, d_pos, num_heads, page_budget, policy,
+                             rope_args(rope, kv, num_heads), stream);
 }
 
 void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const __half* q, const KvLayerView& kv,
@@ -1293,11 +1384,14 @@ void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const _
     QUEST_REQUIRE(selected && scores && tickets && q && kv.kmin && kv.kmax && d_pos, "null pointer");
     QUEST_REQUIRE(is_aligned(kv.kmin, 16) && is_aligned(kv.kmax, 16) && is_aligned(q, 4),
                   "metadata must be 16-byte aligned, q 4-byte aligned");
-    launch_scores_any<true>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy, stream);
+    launch_scores_any<true>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy, RopeArgs{},
+                            stream);
 }
 
-void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
-                 int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride) {
+namespace {
+void launch_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
+                  int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride,
+                  const RopeArgs& ra) {
     QUEST_REQUIRE(selected && scores && d_pos, "null pointer");
     QUEST_REQUIRE(rows >= 1 && score_stride >= 1 && page_budget >= 1, "rows, score_stride, page_budget >= 1");
     if (select_stride == 0) select_stride = page_budget;
@@ -1309,7 +1403,7 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
     auto go = [&](auto kernel, int smem, bool cache) {
         launch_pdl(kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
                    score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache), select_stride,
-                   match);
+                   match, ra);
     };
     if (score_stride <= kTopkThreads * 4) return go(top_k_kernel<4>, 0, false);
     if (score_stride <= kTopkThreads * 8) return go(top_k_kernel<8>, 0, false);
@@ -1319,6 +1413,13 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
     if (smem > 32 * 1024)  // opt in beyond the default 48 KB (static + dynamic); not a stream operation
         CUDA_CHECK(cudaFuncSetAttribute(top_k_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     go(top_k_kernel<0>, smem, cache);
+}
+}  // namespace
+
+void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
+                 int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride) {
+    launch_top_k(selected, scores, score_stride, d_pos, rows, page_size, page_budget, stream, match, select_stride,
+                 RopeArgs{});
 }
 
 void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
@@ -1350,6 +1451,9 @@ void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int
     QUEST_REQUIRE(ws.scores && ws.selected && ws.counters, "null pointer");
     QUEST_REQUIRE(!opts.fused || (!opts.codes && !opts.match.on()),
                   "the fused scoring + top-k reads fp16 metadata and K pages only (no codes, no matched budget)");
+    QUEST_REQUIRE(!opts.rope || (!opts.fused && !opts.codes && q == opts.rope->q_out),
+                  "the RoPE append runs in the separate fp16-bounds scoring and top-k launches (not fused, no codes); "
+                  "q must be rope->q_out");
     if (opts.fused) {
         quest_page_scores_top_k(ws.selected, ws.scores, ws.counters + num_heads, q, kv, d_pos, num_heads, page_budget,
                                 policy, stream);
@@ -1357,10 +1461,11 @@ void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int
         if (opts.codes)
             quest_code_scores(ws.scores, q, kv, *opts.codes, d_pos, num_heads, page_budget, policy, stream);
         else
-            quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream);
+            quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream, opts.rope);
         const int stride = quest_select_capacity(kv.max_pages, kv.page_size, page_budget, opts.match);
-        quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, opts.match,
-                    stride);
+        // With opts.rope the top-k launch also does the token's RoPE + append (RopeArgs).
+        launch_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, opts.match,
+                     stride, rope_args(opts.rope, kv, num_heads));
     }
     attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream,
                             opts.match);

@@ -81,9 +81,20 @@ struct QuestWorkspace {
 // more than 8 query heads: once per 8 heads), with 16-byte coalesced loads. Launched with programmatic dependent
 // launch, it reads the position and the candidates' metadata BEFORE waiting for the kernel before it (only q after):
 // that kernel must not write them (in the decode step it is rope_append, which writes the last page's bounds only and
-// triggers its dependents only after its own wait). The same holds for quest_page_scores_top_k and quest_decode.
+// triggers its dependents only after its own wait; with `rope` below it is the qkv GEMV, which writes neither). The
+// same holds for quest_page_scores_top_k and quest_decode.
+//
+// rope (optional): q is not read but rotated by each block from rope->qkv, exactly as rope_append_kv rotates it
+// (pass rope->q_out as q; this kernel does not write it). quest_decode with QuestDecodeOptions::rope uses this, and
+// its top-k launch does the rest of rope_append_kv's work (q_out, the token's k and v, the page bounds).
+struct QuestRopeAppend {
+    const float* qkv = nullptr;  // [num_heads*D | num_kv_heads*D | num_kv_heads*D] fp32: the token's projection
+    __half* q_out = nullptr;     // [num_heads][D]: the rotated query (written by quest_decode's top-k launch)
+    RopeDeviceParams rope;
+};
 void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
-                       int page_budget, GqaPolicy policy, cudaStream_t stream);
+                       int page_budget, GqaPolicy policy, cudaStream_t stream,
+                       const QuestRopeAppend* rope = nullptr);
 
 // Step 2. For each of `rows` rows of `scores` (row stride score_stride >= the largest candidate count, P - 1):
 // P = ceil(len / page_size); if P <= page_budget, selected[r][i] = i for i < P (dense step); otherwise
@@ -131,6 +142,12 @@ struct QuestDecodeOptions {
     const PageCodesView* codes = nullptr;
     // A bytes-matched budget (quest_matched_budget; the workspace sized with the same). Not with `fused`.
     MatchedBudget match;
+    // Non-null: the decode token's RoPE + KV append (rope_append_kv, T = 1, the same bits) runs inside the Quest
+    // launches instead of a launch of its own: the scoring kernel rotates q from rope->qkv for its scores, the top-k
+    // kernel writes rope->q_out, the token's k and v and the current page's bounds (its loads issued right after its
+    // wait, its stores after the select), and the attention reads them. The caller does not launch rope_append_kv
+    // for this step; quest_decode's q must be rope->q_out. Not with `fused` or `codes`.
+    const QuestRopeAppend* rope = nullptr;
 };
 
 // Steps 1-3 for one layer (graph-capturable). scale: usually 1/sqrt(head_dim).

@@ -2,12 +2,14 @@
 #include <cstdint>
 
 #include "kernels/rope.cuh"
+#include "kernels/rope_device.cuh"
 
 namespace quest {
 
 namespace {
 
-// grid (tokens, slices): the threads of a token's blocks walk the (head, pair) grid of q and k, then copy v.
+// grid (tokens, slices): the threads of a token's blocks walk the (head, pair) grid of q and k, then copy v
+// (kernels/rope_device.cuh, the same code the Quest scoring kernel runs when it takes this work over).
 __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* qkv, const int* d_pos, int T,
                                    int num_heads, RopeDeviceParams rope) {
     pdl_wait();
@@ -15,71 +17,13 @@ __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* q
     // anything. Triggered after the wait, never before: the kernels before this one are then complete.
     pdl_trigger();
     const int t = blockIdx.x;
-    const int D = kv.head_dim, half = D / 2;
-    const int pos = *d_pos + t;
+    const int D = kv.head_dim;
     const int q_dim = num_heads * D, kv_dim = kv.num_kv_heads * D;
-    const float* row = qkv + static_cast<int64_t>(t) * (q_dim + 2 * kv_dim);
-    const int page = pos / kv.page_size;
-    const bool first_in_page = pos % kv.page_size == 0;
-
-    // Dynamic NTK: frequencies from this pass's length (model/rope.cpp, rope_frequencies).
-    double dyn_base = 0;
-    if (rope.dynamic) {
-        const double max_pos = rope.max_position_embeddings;
-        const double len = fmax(static_cast<double>(rope.dynamic_len > 0 ? rope.dynamic_len : *d_pos + T), max_pos);
-        dyn_base = rope.theta * pow((rope.factor * len / max_pos) - (rope.factor - 1.0), double(D) / (D - 2));
-    }
-
-    const int pairs = (num_heads + kv.num_kv_heads) * half;
+    const double dyn_base = rope_dev::dynamic_base(rope, D, *d_pos + T);
     const int stride = gridDim.y * blockDim.x, first = blockIdx.y * blockDim.x + threadIdx.x;
-    for (int idx = first; idx < pairs; idx += stride) {
-        const int h = idx / half, i = idx % half;
-        float inv_freq;
-        if (rope.dynamic) {
-            const float exponent = static_cast<float>(2 * i) / static_cast<float>(D);
-            inv_freq = 1.0f / powf(static_cast<float>(dyn_base), exponent);
-        } else {
-            inv_freq = rope.inv_freq[i];
-        }
-        const float angle = static_cast<float>(pos) * inv_freq;
-        float s, c;
-        sincosf(angle, &s, &c);
-        c *= rope.attention_scaling;
-        s *= rope.attention_scaling;
-        if (h < num_heads) {  // query head
-            const float a = row[h * D + i], b = row[h * D + i + half];
-            __half* qo = q_out + (static_cast<int64_t>(t) * num_heads + h) * D;
-            qo[i] = __float2half_rn(a * c - b * s);
-            qo[i + half] = __float2half_rn(b * c + a * s);
-        } else {  // key head: rotate, store, fold into the page metadata
-            const int kh = h - num_heads;
-            const float a = row[q_dim + kh * D + i], b = row[q_dim + kh * D + i + half];
-            const __half k1 = __float2half_rn(a * c - b * s);
-            const __half k2 = __float2half_rn(b * c + a * s);
-            __half* kc = kv.k + (static_cast<int64_t>(kh) * kv.capacity + pos) * D;
-            kc[i] = k1;
-            kc[i + half] = k2;
-            if (T == 1) {
-                const int64_t m = (static_cast<int64_t>(kh) * kv.max_pages + page) * D;
-                if (first_in_page) {
-                    kv.kmin[m + i] = k1;
-                    kv.kmax[m + i] = k1;
-                    kv.kmin[m + i + half] = k2;
-                    kv.kmax[m + i + half] = k2;
-                } else {
-                    kv.kmin[m + i] = __hmin(kv.kmin[m + i], k1);
-                    kv.kmax[m + i] = __hmax(kv.kmax[m + i], k1);
-                    kv.kmin[m + i + half] = __hmin(kv.kmin[m + i + half], k2);
-                    kv.kmax[m + i + half] = __hmax(kv.kmax[m + i + half], k2);
-                }
-            }
-        }
-    }
-    // Values: copied as they are.
-    for (int idx = first; idx < kv_dim; idx += stride) {
-        const int kh = idx / D, i = idx % D;
-        kv.v[(static_cast<int64_t>(kh) * kv.capacity + pos) * D + i] = __float2half_rn(row[q_dim + kv_dim + idx]);
-    }
+    const rope_dev::Token tk{q_out + static_cast<int64_t>(t) * q_dim, kv,
+                             qkv + static_cast<int64_t>(t) * (q_dim + 2 * kv_dim), *d_pos + t, T, num_heads};
+    rope_dev::append_token(tk, rope, dyn_base, first, stride);
 }
 
 // grid (kv heads, pages), threads over channels.

@@ -802,8 +802,15 @@ void CudaLlama::mark(const char* what) {
 
 void CudaLlama::enqueue_attention(int l, float scale) {
     const KvLayerView kv = kv_view(l);
-    rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
-    mark("rope + kv append");
+    const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
+    // The default Quest path (fp16 bounds, separate top-k) folds RoPE + KV append into its launches: one launch less
+    // per layer (kernels/quest.cuh, QuestDecodeOptions::rope). Every other path launches rope_append_kv.
+    const bool quest_default =
+        quest_.quest_layer(l) && quest_.selector == PageSelector::Quest && !opts_.quest_fused && !cv.codes;
+    if (!quest_default) {
+        rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
+        mark("rope + kv append");
+    }
     if (quest_.quest_layer(l) && quest_.selector == PageSelector::Streaming) {
         const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
         streaming_select(quest_ws_.selected, d_pos_.get(), rows, quest_.page_size, quest_.page_budget(), stream_);
@@ -820,9 +827,15 @@ void CudaLlama::enqueue_attention(int l, float scale) {
     } else if (quest_.quest_layer(l)) {
         QuestDecodeOptions qopts;
         qopts.fused = opts_.quest_fused;
-        const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
         if (cv.codes) qopts.codes = &cv;
         qopts.match = match_;
+        QuestRopeAppend ra;
+        if (quest_default) {
+            ra.qkv = qkv_.get();
+            ra.q_out = q_.get();
+            ra.rope = rope_;
+            qopts.rope = &ra;
+        }
         quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
                      scale, quest_ws_, stream_, qopts);
         mark("attention quest");

@@ -3,8 +3,9 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named: all of
-//   them; codes: only the page-codes part of quest; fused: one layer's GEMVs with and without the fused epilogues)
+//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named:
+//   all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of quest; fused:
+//   one layer's GEMVs with and without the fused epilogues)
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

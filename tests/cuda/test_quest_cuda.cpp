@@ -31,6 +31,7 @@
 #include "kernels/attention.h"
 #include "kernels/quest.cuh"
 #include "kernels/quest.h"
+#include "kernels/rope.cuh"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace quest {
@@ -855,6 +856,98 @@ TEST(QuestCuda, FusedDecodeMatchesSeparateLaunches) {
     };
     uint32_t seed = 8000;
     for (const Shape& s : shapes) compare_fused(s, seed++, true, false, 1);
+}
+
+// RoPE + KV append folded into the scoring kernel (QuestDecodeOptions::rope, the decode step's default Quest path)
+// against rope_append_kv followed by quest_decode, on two copies of the same cache: the rotated q, the whole K / V
+// cache, the page bounds, the selection and the attention output must be the same bits. The cache holds len - 1
+// tokens (K/V and bounds beyond them NaN: an append that writes too little shows); the token at len - 1 is appended.
+// Covers a first token of a page (its bounds start over), a page's last token, dense steps (P <= K: the scoring
+// exits early but still appends), len = 1, GQA policies, head_dim 8 .. 256 and a dynamic-NTK / scaled RoPE.
+void compare_rope_append(const Shape& s, uint32_t seed, bool dynamic) {
+    SCOPED_TRACE(describe(s) + (dynamic ? " dynamic rope" : ""));
+    const int D = s.head_dim, q_dim = s.num_heads * D, kv_dim = s.num_kv_heads * D;
+    const int cap = (ceil_div_i(s.len, s.page_size) + 1) * s.page_size;
+    Cache a, b;
+    {
+        std::mt19937 rng(seed);
+        a = make_cache(rng, s.num_kv_heads, D, s.page_size, cap, s.len - 1, true);
+    }
+    {
+        std::mt19937 rng(seed);
+        b = make_cache(rng, s.num_kv_heads, D, s.page_size, cap, s.len - 1, true);
+    }
+    std::mt19937 rng(seed + 1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> qkv(static_cast<size_t>(q_dim + 2 * kv_dim));
+    for (float& x : qkv) x = nd(rng) * 2.0f;
+    DeviceBuffer<float> dqkv(qkv.size());
+    dqkv.upload(qkv);
+    std::vector<float> inv(static_cast<size_t>(D / 2));
+    for (int i = 0; i < D / 2; ++i) inv[i] = static_cast<float>(std::pow(10000.0, -2.0 * i / D));
+    DeviceBuffer<float> dinv(inv.size());
+    dinv.upload(inv);
+    RopeDeviceParams rope;
+    rope.inv_freq = dinv.get();
+    if (dynamic) {
+        rope.dynamic = true;
+        rope.factor = 2.0;
+        rope.max_position_embeddings = std::max(2, s.len / 3);
+        rope.attention_scaling = 1.1f;
+    }
+    DeviceBuffer<int> dpos(1);
+    dpos.upload(std::vector<int>{s.len - 1});
+    Workspace wa(s, a.max_pages), wb(s, b.max_pages);
+    wa.poison();
+    wb.poison();
+    DeviceBuffer<__half> qa(q_dim), qb(q_dim), oa(q_dim), ob(q_dim);
+    for (auto* buf : {&qa, &qb, &oa, &ob}) buf->fill_bytes(0xFF);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    rope_append_kv(qa.get(), a.view(), dqkv.get(), dpos.get(), 1, s.num_heads, rope, nullptr);
+    quest_decode(oa.get(), qa.get(), a.view(), dpos.get(), s.num_heads, s.page_budget, s.policy, scale, wa.ws(),
+                 nullptr);
+    QuestRopeAppend ra;
+    ra.qkv = dqkv.get();
+    ra.q_out = qb.get();
+    ra.rope = rope;
+    QuestDecodeOptions opts;
+    opts.rope = &ra;
+    quest_decode(ob.get(), qb.get(), b.view(), dpos.get(), s.num_heads, s.page_budget, s.policy, scale, wb.ws(),
+                 nullptr, opts);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_EQ(half_bits(qb.download()), half_bits(qa.download())) << "rotated q";
+    EXPECT_EQ(half_bits(b.dk.download()), half_bits(a.dk.download())) << "K cache";
+    EXPECT_EQ(half_bits(b.dv.download()), half_bits(a.dv.download())) << "V cache";
+    EXPECT_EQ(half_bits(b.dmin.download()), half_bits(a.dmin.download())) << "page minima";
+    EXPECT_EQ(half_bits(b.dmax.download()), half_bits(a.dmax.download())) << "page maxima";
+    EXPECT_EQ(wb.selected.download(), wa.selected.download()) << "selection";
+    const std::vector<uint16_t> out_a = half_bits(oa.download()), out_b = half_bits(ob.download());
+    EXPECT_EQ(out_b, out_a) << "attention output";
+    // The separate path's output is a real result (not poison): finite everywhere.
+    for (const __half h : oa.download()) ASSERT_TRUE(std::isfinite(__half2float(h)));
+}
+
+TEST(QuestCuda, RopeAppendInScoringMatchesSeparateLaunch) {
+    QUEST_REQUIRE_GPU();
+    // {H, Hkv, D, S, len, K, policy}
+    const std::vector<Shape> shapes = {
+        {32, 32, 128, 16, 16 * 256 + 1, 32, GqaPolicy::KvMax},   // 7B heads, first token of a page
+        {32, 32, 128, 16, 16 * 256, 32, GqaPolicy::KvMax},       // last token of a page
+        {32, 8, 128, 16, 16 * 300 + 7, 64, GqaPolicy::KvSum},    // G = 4
+        {32, 8, 128, 16, 16 * 300 + 7, 64, GqaPolicy::PerHead},
+        {24, 2, 64, 32, 32 * 70 + 13, 9, GqaPolicy::PerHead},    // G = 12: two head batches
+        {6, 2, 256, 32, 32 * 40 + 31, 8, GqaPolicy::KvMax},      // D = 256
+        {8, 4, 16, 64, 64 * 30 + 1, 5, GqaPolicy::KvMax},        // D = 16
+        {4, 4, 8, 16, 16 * 90 + 9, 10, GqaPolicy::KvMax},        // D = 8
+        {8, 2, 64, 16, 16 * 50 + 1, 200, GqaPolicy::KvMax},      // dense: P < K
+        {8, 2, 64, 16, 16 * 100, 100, GqaPolicy::PerHead},       // dense: P == K
+        {8, 2, 64, 16, 1000, 1, GqaPolicy::KvMax},               // K = 1
+        {4, 1, 128, 16, 1, 4, GqaPolicy::KvMax},                 // len = 1: the first token of the sequence
+    };
+    uint32_t seed = 9100;
+    for (const Shape& sh : shapes) compare_rope_append(sh, seed++, false);
+    compare_rope_append({32, 8, 128, 16, 16 * 300 + 7, 64, GqaPolicy::KvSum}, seed++, true);
+    compare_rope_append({8, 2, 64, 16, 16 * 50 + 1, 200, GqaPolicy::KvMax}, seed++, true);
 }
 
 // Preconditions are checked on the host.
