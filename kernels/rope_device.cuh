@@ -1,8 +1,8 @@
 #pragma once
 // Device side of RoPE + KV append for one decode token (kernels/rope.cuh), shared by rope_append_kv's kernel
-// (kernels/rope.cu) and the Quest scoring kernel that folds the same work in (kernels/quest.cu, QuestRopeAppend):
-// the same expressions in both, so the rotated q, the cached k / v and the page bounds are bit for bit those of
-// rope_append_kv. CUDA only (no host code includes this header).
+// (kernels/rope.cu) and the Quest launches that fold the same work in (kernels/quest.cu, QuestRopeAppend: the
+// scoring kernel rotates q, the top-k kernel appends): the same expressions in both, so the rotated q, the cached
+// k / v and the page bounds are bit for bit those of rope_append_kv. CUDA only (no host code includes this header).
 #include <cstdint>
 
 #include "kernels/rope.cuh"
