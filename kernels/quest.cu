@@ -83,19 +83,19 @@ void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
 // ---------------------------------------------------------------------------------------------------------------------
 // 2. Top-k (defined first: the fused scoring kernel of section 1 runs the same select in its tail)
 //
-// One block (512 threads) per selection row; an exact radix select on the order-preserving uint32 image of the
-// scores. A first pass loads the keys (into shared memory when the row has at most kTopkCacheMax candidates; beyond,
-// later passes re-read them from global memory / L2) and reduces their min and max: the bits above the highest bit
-// where min and max differ are common to every key, so the digit passes start there, 11 bits at a time, with a
-// 2048-bin shared histogram of the keys that match the digits chosen so far (one atomic per key; a warp whose keys
-// all fall in one bin, e.g. exact ties, adds once); one warp finds the bin holding the K-1-th largest key
-// (find_threshold_bin). A pass stops the search early when that bin is taken whole. Then, with the threshold T (masked to the
-// resolved bits) and `need` = how many keys equal to T to take, a stable compaction in index order writes every key
-// > T and the first `need` keys == T (lowest page ids) at their ascending-order positions (an exclusive block scan of
-// packed (greater, equal) counts). No page cap. That is topk_select_row: any row length, and the fused kernel's
-// select. quest_top_k runs topk_select_row_reg (below) when the row stride is at most 8192 (128K tokens at S = 16):
-// the same select with the keys in registers and fewer dependent steps (H200, 32K, B = 2048: 4.2 us on the critical
-// path of a graph of Quest layers instead of 6.0; docs/measurements.md, sixth session).
+// One block (512 threads) per selection row; an exact radix select on the order-preserving uint32 image of the scores.
+// A first pass loads the keys (into shared memory when the row has at most kTopkCacheMax candidates; beyond, later
+// passes re-read them from global memory / L2) and reduces their min and max: the bits above the highest bit where min
+// and max differ are common to every key, so the digit passes start there, 11 bits at a time, with a 2048-bin shared
+// histogram of the keys that match the digits chosen so far (one atomic per key; a warp whose keys all fall in one bin,
+// e.g. exact ties, adds once); one warp finds the bin holding the K-1-th largest key (find_threshold_bin). A pass stops
+// the search early when that bin is taken whole. Then, with the threshold T (masked to the resolved bits) and `need` =
+// how many keys equal to T to take, a stable compaction in index order writes every key > T and the first `need` keys
+// == T (lowest page ids) at their ascending-order positions (an exclusive block scan of packed (greater, equal)
+// counts). No page cap. That is topk_select_row: any row length, and the fused kernel's select. quest_top_k runs
+// topk_select_row_reg (below) when the row stride is at most 8192 (128K tokens at S = 16): the same select with the
+// keys in registers and fewer dependent steps (H200, 32K, B = 2048: 4.2 us on the critical path of a graph of Quest
+// layers instead of 6.0; docs/measurements.md, sixth session).
 // ---------------------------------------------------------------------------------------------------------------------
 #ifndef QUEST_TOPK_MATCH
 #define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
@@ -690,11 +690,14 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     __shared__ uint32_t s_tmin[kScoreThreads / 32], s_tmax[kScoreThreads / 32];
     __shared__ int s_tsel[3], s_last;
 
-    // Before pdl_wait: the position and the metadata of the complete pages (the candidates) come from kernels that
-    // are complete once this grid runs at all (the kernel before it, rope_append, triggers only after its own wait;
-    // the current step writes the last page's bounds only, never a candidate's), so the first stages of metadata
-    // stream in while rope_append finishes. q comes from rope_append: read after pdl_wait. Every path waits before
-    // it returns (a grid that completed without waiting would let its dependents pass their wait early).
+    // Before pdl_wait: the position and the metadata of the complete pages (the candidates), which no kernel that may
+    // still be running writes: the position changes only between decode steps, and a layer's candidate bounds only
+    // in the steps that completed their pages (the current step writes the last page's bounds only, in rope_append
+    // or, with ra.qkv, in this layer's top-k after this grid). The kernel before this one is rope_append, which
+    // triggers only after its own wait, or with ra.qkv the qkv GEMV, which triggers before its own wait (earlier
+    // kernels of the step may then still run; none of them writes these). So the first stages of metadata stream in
+    // while that kernel finishes. q (or qkv) comes from it: read after pdl_wait. Every path waits before it returns
+    // (a grid that completed without waiting would let its dependents pass their wait early).
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) {
         pdl_wait();

@@ -80,9 +80,11 @@ struct QuestWorkspace {
 // scores and writes nothing; nothing is ever written at p >= P - 1. Reads each KV head's metadata once (for groups of
 // more than 8 query heads: once per 8 heads), with 16-byte coalesced loads. Launched with programmatic dependent
 // launch, it reads the position and the candidates' metadata BEFORE waiting for the kernel before it (only q after):
-// that kernel must not write them (in the decode step it is rope_append, which writes the last page's bounds only and
-// triggers its dependents only after its own wait; with `rope` below it is the qkv GEMV, which writes neither). The
-// same holds for quest_page_scores_top_k and quest_decode.
+// no kernel that may still be running may write them. In the decode step the position changes only between steps and
+// a layer's candidate bounds only in the steps that completed their pages; the kernel before is rope_append (it
+// writes the last page's bounds only and triggers only after its own wait) or, with `rope` below, the qkv GEMV (it
+// triggers before its own wait, so earlier kernels of the step may still run; none of them writes these). The same
+// holds for quest_page_scores_top_k and quest_decode.
 //
 // rope (optional): q is not read but rotated by each block from rope->qkv, exactly as rope_append_kv rotates it
 // (pass rope->q_out as q; this kernel does not write it). quest_decode with QuestDecodeOptions::rope uses this, and
