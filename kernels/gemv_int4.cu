@@ -20,9 +20,9 @@ __device__ __forceinline__ __half2 u32_as_half2(uint32_t u) {
 __device__ __forceinline__ uint32_t half2_as_u32(__half2 h) { return *reinterpret_cast<uint32_t*>(&h); }
 
 // Zero-point constants of a group, both halves equal: (1024 + z) and -(64 + z) in fp16 (exact: the ulp of 1024 is
-// 1, that of 64 is 1/16, so z lands in the mantissa as z and z << 4).
-__device__ __forceinline__ __half2 zero_lo(uint32_t z) { return u32_as_half2((0x6400u | z) * 0x00010001u); }
-__device__ __forceinline__ __half2 zero_hi(uint32_t z) { return u32_as_half2((0xD400u | (z << 4)) * 0x00010001u); }
+// 1, that of 64 is 1/16, so z lands in the mantissa as z and z << 4). z <= 15: no carries, one IMAD each.
+__device__ __forceinline__ __half2 zero_lo(uint32_t z) { return u32_as_half2(z * 0x00010001u + 0x64006400u); }
+__device__ __forceinline__ __half2 zero_hi(uint32_t z) { return u32_as_half2(z * 0x00100010u + 0xD400D400u); }
 
 // (a & MASK) | BITS in one LOP3. Written in C++, the two immediates make ptxas emit an AND and an OR (a LOP3 takes
 // one immediate); the PTX lop3 lets it keep one constant in a register, hoisted out of the loops.
