@@ -503,29 +503,24 @@ __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[
     }
     __syncthreads();
     // Exclusive scan of the KPT x WARPS entries (round-major = index order); lane l holds entries EPL l ..
-    // EPL l + EPL - 1.
+    // EPL l + EPL - 1. This warp's round u is entry u WARPS + warp: element (u WARPS + warp) % EPL = warp % EPL of
+    // lane (u WARPS + warp) / EPL, the same element in every round (EPL divides WARPS), so each lane forms the
+    // exclusive prefix of its element warp % EPL once (predicated adds: no indexed register array, which ptxas would
+    // place in local memory or expand into selects per round) and the rounds fetch it by shuffle.
+    static_assert(WARPS % EPL == 0, "one element index per warp");
     int e[EPL], tot = 0;
 #pragma unroll
     for (int j = 0; j < EPL; ++j) {
         e[j] = sm.comp[EPL * lane + j];
         tot += e[j];
     }
-    const int scan = warp_inclusive_scan(tot);
-    int ex = scan - tot;  // before entry EPL l
+    int mine = warp_inclusive_scan(tot) - tot;  // the entries before this lane's first
 #pragma unroll
-    for (int j = 0; j < EPL; ++j) {
-        const int t = e[j];
-        e[j] = ex;
-        ex += t;
-    }
+    for (int j = 0; j < EPL; ++j)
+        if (j < warp % EPL) mine += e[j];
 #pragma unroll
     for (int u = 0; u < KPT; ++u) {
-        const int idx = u * WARPS + warp;  // warp-uniform
-        int sel = 0;
-#pragma unroll
-        for (int j = 0; j < EPL; ++j)
-            if (j == idx % EPL) sel = e[j];
-        const int base = __shfl_sync(0xffffffffu, sel, idx / EPL);
+        const int base = __shfl_sync(0xffffffffu, mine, (u * WARPS + warp) / EPL);
         const int i = u * THREADS + tid;
         if (i < n) {
             const uint32_t m = key[u] & pmask;

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/rope.cuh"
+#include "kernels/sincos.h"
 
 namespace quest::rope_dev {
 
@@ -28,7 +29,7 @@ __device__ __forceinline__ void cos_sin(const RopeDeviceParams& rope, int D, int
         inv_freq = rope.inv_freq[i];
     }
     const float angle = static_cast<float>(pos) * inv_freq;
-    sincosf(angle, &s, &c);
+    sincos_reduced(angle, s, c);  // kernels/sincos.h: no sincosf slow path (its local-memory frame)
     c *= rope.attention_scaling;
     s *= rope.attention_scaling;
 }

@@ -2,10 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <random>
 
 #include "kernels/attention.h"
 #include "kernels/basic_ops.h"
+#include "kernels/sincos.h"
 #include "model/dtype.h"
 
 using namespace quest;
@@ -78,6 +80,34 @@ TEST(Ops, RopeRotatesPairsHalfApart) {
             want[h * d + i + d / 2] = x2 * c + x1 * s;
         }
     EXPECT_LT(rel_err(y, want), 1e-6);
+}
+
+// The GPU RoPE's sin / cos (kernels/sincos.h: reduction by pi/2 in double, Taylor polynomials in float) against
+// std::sin / std::cos in double of the same float angle: RoPE angles pos * inv_freq of a Llama-2 head (theta 1e4,
+// D = 128) at positions to 2^24 (the highest frequency, 1, crosses sincosf's slow-path bound 105615 at 105K), and
+// random angles of either sign up to 1e7 and below 1e-3. Within 2^-22 (two float ulps of 1) everywhere.
+TEST(Ops, SincosReducedWithinTwoUlpsOfDouble) {
+    std::vector<float> angles;
+    std::vector<float> inv_freq(64);
+    for (int i = 0; i < 64; ++i) inv_freq[i] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * i / 128));
+    for (int pos : {0, 1, 2, 3, 15, 16, 1000, 4095, 32767, 32768, 105614, 105616, 131071, 1000003, 16777215})
+        for (float f : inv_freq) angles.push_back(static_cast<float>(pos) * f);
+    std::mt19937 g(5);
+    std::uniform_int_distribution<int> pos(0, 1 << 24);
+    for (int i = 0; i < 20000; ++i) angles.push_back(static_cast<float>(pos(g)) * inv_freq[i % 64]);
+    std::uniform_real_distribution<float> big(-1e7f, 1e7f), tiny(-1e-3f, 1e-3f);
+    for (int i = 0; i < 20000; ++i) angles.push_back(i % 2 ? big(g) : tiny(g));
+    for (float q = 0; q < 8; q += 0.5f) angles.push_back(q * 0.78539816f);  // around the quadrant boundaries
+    double worst = 0;
+    float at = 0;
+    for (const float x : angles) {
+        float s = 0, c = 0;
+        sincos_reduced(x, s, c);
+        const double e = std::max(std::abs(s - std::sin(double(x))), std::abs(c - std::cos(double(x))));
+        if (e > worst) worst = e, at = x;
+    }
+    std::printf("[sincos] %zu angles, worst |error| %.3g at x = %.9g\n", angles.size(), worst, double(at));
+    EXPECT_LE(worst, std::ldexp(1.0, -22)) << "at x = " << at;
 }
 
 TEST(Ops, Swiglu) {
