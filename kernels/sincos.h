@@ -3,10 +3,12 @@
 // sincosf reduces |x| > 105615 by Payne-Hanek with a local-memory array: a kernel that merely contains the call gets a
 // stack frame (ptxas then also keeps other small arrays of the kernel in local memory), and a decode position past
 // ~105K takes the slow path at the highest RoPE frequency. Here the angle is reduced by pi/2 in double precision
-// (x = k pi/2 + r; |k| < 2^31 for |x| < 3.3e9, r exact to ~1e-10), then sin r and cos r on |r| <= pi/4 in float by
-// their Taylor polynomials to degree 9 / 10 (truncation below 2e-9, under a float ulp of 1), the quadrant k mod 4
-// choosing signs and order. Plain C++17 usable from nvcc and host code, so that the CPU test suite checks its accuracy
-// against std::sin / std::cos in double (tests/test_sincos.cpp): within 2 float ulps of 1 over positions to 2^24.
+// (x = k pi/2 + r, one fma: r is off by about k * 6e-17, below 1e-9 for |x| < 1e7), then sin r and cos r on
+// |r| <= pi/4 in float by their Taylor polynomials to degree 9 / 10 (truncation below 2e-9, under a float ulp of 1),
+// the quadrant k mod 4 choosing signs and order. Precondition: |x| < 2^31 (a RoPE angle: a position below 2^31 times
+// a frequency of at most 1), so that k fits the integer conversion. Plain C++17 usable from nvcc and host code, so
+// that the CPU test suite checks its accuracy against std::sin / std::cos in double (tests/test_ops.cpp,
+// Ops.SincosReducedWithinTwoUlpsOfDouble): within 2 float ulps of 1 over positions to 2^24.
 #include <cmath>
 #include <cstdint>
 
