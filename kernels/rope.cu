@@ -9,7 +9,8 @@ namespace quest {
 namespace {
 
 // grid (tokens, slices): the threads of a token's blocks walk the (head, pair) grid of q and k, then copy v
-// (kernels/rope_device.cuh, the same code the Quest scoring kernel runs when it takes this work over).
+// (kernels/rope_device.cuh, the same code the Quest launches run when they take this work over: the scoring kernel
+// rotates q for its scores, the top-k kernel writes q, k, v and the page bounds; QuestDecodeOptions::rope).
 __global__ void rope_append_kernel(__half* q_out, KvLayerView kv, const float* qkv, const int* d_pos, int T,
                                    int num_heads, RopeDeviceParams rope) {
     pdl_wait();
