@@ -72,6 +72,100 @@ __device__ __forceinline__ float chunk_dot(uint4 q, uint32_t scale_bits, uint32_
     return fmaf(scale, (f0.x + f0.y) + (f1.x + f1.y), acc);
 }
 
+// The integer form of chunk_dot ("i16" variants of the stream kernel). x is held per chunk (32 columns) in block
+// floating point: xi = rint(x 2^k) with one power of two per chunk, k = 29 - E where E is the fp16 exponent field of
+// the chunk's largest |x| (so |xi| < 2^15), and sx = 2^-k. An fp16 value's 11-bit significand then lands exactly in
+// xi when its exponent is within 4 of the chunk's largest (|x| >= max / 16, roughly); smaller ones are rounded to
+// 2^-k, i.e. at most 2^-16 of the chunk's largest |x|. xi is split into two byte planes, xi = 256 hi + lo (hi
+// signed, lo unsigned: bytes 1 and 0 of the int32), packed in the code word's column order: piece j of the chunk
+// (columns 8j .. 8j + 7) is {hi of columns 0 4 1 5, hi of 2 6 3 7, lo of 0 4 1 5, lo of 2 6 3 7} (byte b of
+// word & 0x0F0F0F0F is the code of column 0, 4, 1, 5 for b = 0..3, of (word >> 4) & 0x0F0F0F0F of 2, 6, 3, 7: the
+// slot order of word_to_pairs). Four dp4a per code word give the exact integer sums of q hi and q lo, and
+// sum (q - z) xi = 256 sum(q hi) + sum(q lo) - z sum(xi) (xsum: sum(xi) over the chunk) is exact in int32
+// (|.| < 15 * 2^15 * 32 = 2^23.9). The only roundings: x to xi (above) and the fp32 product scale * sx * t. A code
+// word costs 3 logic ops + 4 dp4a instead of word_to_pairs' 9 + 4 HFMA2.
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {  // unsigned bytes of a times signed of b
+    int d;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+__device__ __forceinline__ uint32_t dp4a_uu(uint32_t a, uint32_t b, uint32_t c) {
+    uint32_t d;
+    asm("dp4a.u32.u32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+
+// acc + scale * sx * sum over the chunk of (q - z) xi; xc = {sx (times the fused norm's factor), sum(xi) as bits}.
+__device__ __forceinline__ float chunk_dot_i16(uint4 q, uint32_t scale_bits, uint32_t z, const uint4 (&xr)[4],
+                                               float2 xc, float acc) {
+    int hs = 0;       // sum of q * hi
+    uint32_t ls = 0;  // sum of q * lo
+    const uint32_t* words = &q.x;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const uint32_t c0 = words[j] & 0x0F0F0F0Fu, c1 = (words[j] >> 4) & 0x0F0F0F0Fu;
+        hs = dp4a_us(c0, xr[j].x, hs);
+        hs = dp4a_us(c1, xr[j].y, hs);
+        ls = dp4a_uu(c0, xr[j].z, ls);
+        ls = dp4a_uu(c1, xr[j].w, ls);
+    }
+    const int t = hs * 256 + static_cast<int>(ls) - static_cast<int>(z) * __float_as_int(xc.y);
+    const float scale = __half2float(__ushort_as_half(static_cast<unsigned short>(scale_bits)));
+    return fmaf(scale * xc.x, static_cast<float>(t), acc);
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+    uint32_t d;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+    return d;
+}
+
+// x (fp16, cols) into the form of chunk_dot_i16 in shared memory: xs[j * chunks + c] = piece j of chunk c (the fp16
+// layout of the stream kernel, same size), xc[c] = {sx * factor, sum(xi) as int bits}. Thread i of the block takes
+// 16-byte piece i & 3 of chunk i >> 2 (four neighbouring lanes: one chunk; max and sum by two shuffles each). A NaN
+// or infinite x makes the chunk's sx NaN, so it reaches the output as in the fp16 kernels.
+template <int THREADS>
+__device__ __forceinline__ void x_to_i16(const __half* __restrict__ x, int chunks, float factor, uint4* xs,
+                                         float2* xc) {
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+    const int n4 = chunks * 4;
+    for (int base = 0; base < n4; base += THREADS) {  // uniform trip count: whole warps shuffle
+        const int i = base + static_cast<int>(threadIdx.x);
+        const bool in = i < n4;
+        const uint4 v = in ? xv[i] : make_uint4(0, 0, 0, 0);
+        const __half2* h = reinterpret_cast<const __half2*>(&v);
+        __half2 m2 = __hmax2_nan(__hmax2_nan(__habs2(h[0]), __habs2(h[1])), __hmax2_nan(__habs2(h[2]), __habs2(h[3])));
+        m2 = __hmax2_nan(m2, u32_as_half2(__shfl_xor_sync(0xffffffffu, half2_as_u32(m2), 1)));
+        m2 = __hmax2_nan(m2, u32_as_half2(__shfl_xor_sync(0xffffffffu, half2_as_u32(m2), 2)));
+        const uint32_t mb = half2_as_u32(__hmax2_nan(m2, __lowhigh2highlow(m2))) & 0x7FFFu;  // the chunk's max |x|
+        const int E = static_cast<int>(mb >> 10);                            // 0 .. 31
+        const float up = __int_as_float((127 + 29 - E) << 23);               // 2^k, k = 29 - E (2^-2 .. 2^29)
+        const float sx = mb >= 0x7C00u ? __int_as_float(0x7FC00000) : __int_as_float((127 - 29 + E) << 23);
+        int xi[8];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const float2 f = __half22float2(h[j]);
+            xi[2 * j] = __float2int_rn(f.x * up);
+            xi[2 * j + 1] = __float2int_rn(f.y * up);
+        }
+        int sum = ((xi[0] + xi[1]) + (xi[2] + xi[3])) + ((xi[4] + xi[5]) + (xi[6] + xi[7]));
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        // xi[2j], xi[2j + 1] are columns 2j, 2j + 1: {hi, hi, lo, lo} of columns (0, 4), (1, 5), (2, 6), (3, 7).
+        const uint32_t a04 = prmt(xi[0], xi[4], 0x4051u), a15 = prmt(xi[1], xi[5], 0x4051u);
+        const uint32_t a26 = prmt(xi[2], xi[6], 0x4051u), a37 = prmt(xi[3], xi[7], 0x4051u);
+        uint4 o;
+        o.x = prmt(a04, a15, 0x5410u);  // hi 0 4 1 5
+        o.y = prmt(a26, a37, 0x5410u);  // hi 2 6 3 7
+        o.z = prmt(a04, a15, 0x7632u);  // lo 0 4 1 5
+        o.w = prmt(a26, a37, 0x7632u);  // lo 2 6 3 7
+        if (in) {
+            xs[(i & 3) * chunks + (i >> 2)] = o;
+            if ((i & 3) == 0) xc[i >> 2] = make_float2(sx * factor, __int_as_float(sum));
+        }
+    }
+}
+
 // A "chunk" is 32 columns of a row: one 16-byte load of codes, inside one group (group >= 32). A block of W warps
 // covers (W / KS) * R rows: a row's chunks are split over KS warps (column segments, reduced through shared memory)
 // and each warp carries R rows, so one load of x serves R rows. Lane l of a warp reads chunks l, l+32, ... of its
@@ -221,16 +315,20 @@ struct TileRows {  // the rows of the tile being loaded (rows past the end re-re
 // _residual) take the same tile sums, applied by lane 0 when a tile completes (SwiGLU: R even, a tile's rows 2i,
 // 2i + 1 are gate_i, up_i); Residual adds each warp's x^2 in lane 0 and the grid's sum is formed at the end by every
 // thread (warps without a tile included). All their reads and writes of ss, x, xg, act come after pdl_wait().
-template <int R, int U, int W, int WPS, int MINW, GemvEpilogue E = GemvEpilogue::Store>
+//
+// I16 (the "i16" variants): x in the integer form of x_to_i16 (the same shared bytes plus 8 per chunk), each chunk
+// by chunk_dot_i16; the fused norm's factor goes into the chunk steps instead of the fp16 input.
+template <int R, int U, int W, int WPS, int MINW, GemvEpilogue E = GemvEpilogue::Store, bool I16 = false>
 __global__ void __launch_bounds__(W * 32, MINW / W)
     gemv_int4_stream_kernel(float* __restrict__ y, const uint32_t* __restrict__ qw, const __half* __restrict__ sc,
                             const uint8_t* __restrict__ zp, const __half* __restrict__ x, int rows, int cols,
                             int cpg_shift, GemvEpi e) {
     static_assert(WPS % W == 0 && MINW % W == 0, "whole blocks per SM");
     static_assert(E != GemvEpilogue::SwiGLU || R % 2 == 0, "SwiGLU needs the gate and up rows in one tile");
-    extern __shared__ uint4 xs[];  // [4][chunks], see above
+    extern __shared__ uint4 xs[];  // [4][chunks], see above; I16: then float2 xc[chunks]
     const int lane = threadIdx.x & 31;
     const int chunks = cols >> 5, groups = chunks >> cpg_shift;
+    [[maybe_unused]] float2* xc = reinterpret_cast<float2*>(xs + 4 * chunks);
     const int sshift = cpg_shift < 2 ? cpg_shift : 2;  // device layout: int4_chunk_slot
     const int tiles = (rows + R - 1) / R;
     const int batches = (((chunks + 31) >> 5) + U - 1) / U;
@@ -262,11 +360,15 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
     constexpr bool kNormIn = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU;
     [[maybe_unused]] float inv_in = 1.0f;
     if constexpr (kNormIn) inv_in = epi_inv_rms(e.norm, epi_partials_share(e.norm));  // every thread: barriers
-    const uint4* xv = reinterpret_cast<const uint4*>(x);
-    for (int i = threadIdx.x; i < chunks * 4; i += W * 32) {
-        uint4 v = xv[i];
-        if constexpr (kNormIn) v = scale_half8(v, inv_in);
-        xs[(i & 3) * chunks + (i >> 2)] = v;
+    if constexpr (I16) {
+        x_to_i16<W * 32>(x, chunks, inv_in, xs, xc);
+    } else {
+        const uint4* xv = reinterpret_cast<const uint4*>(x);
+        for (int i = threadIdx.x; i < chunks * 4; i += W * 32) {
+            uint4 v = xv[i];
+            if constexpr (kNormIn) v = scale_half8(v, inv_in);
+            xs[(i & 3) * chunks + (i >> 2)] = v;
+        }
     }
     __syncthreads();
     if constexpr (E != GemvEpilogue::Residual) {
@@ -297,12 +399,23 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
                 uint4 xr[4];
 #pragma unroll
                 for (int j = 0; j < 4; ++j) xr[j] = xs[j * chunks + c];
+                if constexpr (I16) {
+                    const float2 xcc = xc[c];
 #pragma unroll
-                for (int r = 0; r < R; ++r) acc[r] = chunk_dot(q[u][r], s[u][r], z[u][r], xr, acc[r]);
+                    for (int r = 0; r < R; ++r) acc[r] = chunk_dot_i16(q[u][r], s[u][r], z[u][r], xr, xcc, acc[r]);
+                } else {
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r] = chunk_dot(q[u][r], s[u][r], z[u][r], xr, acc[r]);
+                }
             }
             const int slot_next = in_next ? int4_chunk_slot(cn, chunks, sshift) : 0;
 #pragma unroll
             for (int r = 0; r < R; ++r) src.load(r, cn, slot_next, cpg_shift, in_next, q[u][r], s[u][r], z[u][r]);
+            // I16: without a warp barrier here ptxas predicates the shorter integer chunks into one block and sinks
+            // the item's eight refills behind its first chunks (SASS: first refill at 259 of 571 instructions,
+            // measured no faster than the fp16 dot); with it each chunk's refill follows its dot (157, 284, 411,
+            // 539 of 583), as in the fp16 kernel.
+            if constexpr (I16) __syncwarp();
         }
         if (bn == 0) {  // tile t is complete (warp-uniform branch)
             if constexpr (E == GemvEpilogue::Store) {
@@ -925,33 +1038,60 @@ int persistent_blocks(int tiles, int W, int wps) {
     return ceil_div(warps, W);
 }
 
-template <int R, int U, int W, int WPS, int MINW = 16>
+// Shared memory of the stream kernel: x (fp16 or its i16 form: the same bytes) plus, for I16, 8 bytes per chunk.
+size_t stream_smem(const Int4View& M, bool i16) {
+    return static_cast<size_t>(M.cols) * sizeof(__half) + (i16 ? static_cast<size_t>(M.cols / 32) * 8 : 0);
+}
+
+template <int R, int U, int W, int WPS, int MINW = 16, bool I16 = false>
 void launch_stream(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
-    const size_t smem = static_cast<size_t>(M.cols) * sizeof(__half);
+    const size_t smem = stream_smem(M, I16);
     if (smem > kStreamMaxSmem) {  // very wide rows: the legacy kernel reads x from global memory
         launch_legacy<2, 4, 8, 1>(y, M, x, stream);
         return;
     }
-    launch_pdl(gemv_int4_stream_kernel<R, U, W, WPS, MINW>, dim3(persistent_blocks(ceil_div(M.rows, R), W, WPS)),
-               dim3(W * 32), smem, stream, y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group),
-               GemvEpi{});
+    launch_pdl(gemv_int4_stream_kernel<R, U, W, WPS, MINW, GemvEpilogue::Store, I16>,
+               dim3(persistent_blocks(ceil_div(M.rows, R), W, WPS)), dim3(W * 32), smem, stream, y, M.qweight,
+               M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group), GemvEpi{});
 }
 
-// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run on the stream kernel with kDefaultVariant's
-// parameters, "stream R2 U4 W8 S16" (kFusedVariant below; a static_assert ties the two). No legacy fall-back: the
-// launchers require x in shared memory (gemv_int4_fused_available).
+// "auto" (the compiled default): the i16 kernel where it pays, the fp16-dot kernel elsewhere. The i16 kernel converts
+// x once per block (cols / 8 pieces of ~90 instructions over the block's threads) and then spends ~25% fewer
+// instructions per item (583 instead of 779 at R2 U4); the conversion is amortised when every warp of the persistent
+// grid (at most WPS warps per SM) takes at least two tiles of R rows. With about one tile per warp (the 4096-row o
+// and down projections of the 7B shape on 132 SMs) it costs more than it saves. H200, 16 launches back to back, % of
+// 4.2 TB/s, i16 / fp16 dot: qkv 66.6 / 66.0, gate+up 74.5 / 70.0, o 41.0 / 42.1, down 54.6 / 59.5 (docs/
+// measurements.md, ninth session).
+bool i16_pays(const Int4View& M, int R, int WPS) {
+    return static_cast<int64_t>(ceil_div(M.rows, R)) >= int64_t{2} * sm_count() * WPS;
+}
+
+template <int R, int U, int W, int WPS>
+void launch_stream_auto(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
+    if (i16_pays(M, R, WPS))
+        launch_stream<R, U, W, WPS, 16, true>(y, M, x, stream);
+    else
+        launch_stream<R, U, W, WPS>(y, M, x, stream);
+}
+
+// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run the stream kernel "stream R2 U4 W8 S16" with the
+// dot of gemv_int4_fused_variant(): fp16 (variant 5), i16 (30) or, per matrix, the "auto" rule (34, the compiled
+// default). No legacy fall-back: the launchers require x in shared memory (gemv_int4_fused_available).
 constexpr int kFusedR = 2, kFusedU = 4, kFusedW = 8, kFusedWPS = 16, kFusedMINW = 16;
 
-size_t fused_smem(const Int4View& M) { return static_cast<size_t>(M.cols) * sizeof(__half); }
+bool fused_i16(const Int4View& M);  // the fused launch on M runs the i16 kernel (below)
+size_t fused_smem(const Int4View& M) { return stream_smem(M, fused_i16(M)); }
 // x (dynamic) plus the epilogue's static shared memory (block_sum_fixed, the last-block flag) within 48 KB.
 bool fused_fits(const Int4View& M) { return fused_smem(M) + 256 <= kStreamMaxSmem; }
 int fused_blocks(const Int4View& M) { return persistent_blocks(ceil_div(M.rows, kFusedR), kFusedW, kFusedWPS); }
 
 template <GemvEpilogue E>
 void launch_fused(float* y, const Int4View& M, const __half* x, const GemvEpi& e, cudaStream_t stream) {
-    launch_pdl(gemv_int4_stream_kernel<kFusedR, kFusedU, kFusedW, kFusedWPS, kFusedMINW, E>, dim3(fused_blocks(M)),
-               dim3(kFusedW * 32), fused_smem(M), stream, y, M.qweight, M.scales, M.zeros, x, M.rows, M.cols,
-               chunk_shift(M.group), e);
+    const auto kernel = fused_i16(M)
+                            ? gemv_int4_stream_kernel<kFusedR, kFusedU, kFusedW, kFusedWPS, kFusedMINW, E, true>
+                            : gemv_int4_stream_kernel<kFusedR, kFusedU, kFusedW, kFusedWPS, kFusedMINW, E>;
+    launch_pdl(kernel, dim3(fused_blocks(M)), dim3(kFusedW * 32), fused_smem(M), stream, y, M.qweight, M.scales,
+               M.zeros, x, M.rows, M.cols, chunk_shift(M.group), e);
 }
 
 constexpr int kAsyncMaxSmem = 100 * 1024;  // per block: x + the warps' rings
@@ -1096,17 +1236,26 @@ const Int4Variant kVariants[] = {
     {"mma W4 P4 S12", launch_mma<4, 4, 12>},  // 88 regs, 3 blocks/SM at 4096 columns (144 KB), 2 at 11008 (96 KB)
     {"mma W4 P2 S16", launch_mma<4, 2, 16>},  // 78 regs, 4 blocks/SM, 64 KB
     {"mma W8 P3 S16", launch_mma<8, 3, 16>},  // 80 regs, 2 blocks/SM at 4096 columns (128 KB), 1 at 11008 (64 KB)
+    // 30..: the stream kernel with integer dot products (chunk_dot_i16: x as per-chunk int16, dp4a).
+    {"stream R2 U4 W8 S16 i16", launch_stream<2, 4, 8, 16, 16, true>},
+    {"stream R4 U2 W8 S16 i16", launch_stream<4, 2, 8, 16, 16, true>},
+    {"stream R2 U4 W4 S16 i16", launch_stream<2, 4, 4, 16, 16, true>},
+    {"stream R2 U4 W16 S16 i16", launch_stream<2, 4, 16, 16, 16, true>},
+    // 34: variant 30 where each warp takes at least two tiles, variant 5 elsewhere (launch_stream_auto).
+    {"stream R2 U4 W8 S16 auto", launch_stream_auto<2, 4, 8, 16>},
 };
 
-// The compiled default of gemv_int4() (an index into kVariants): "stream R2 U4 W8 S16". H200, 7B shapes (docs/
-// measurements.md, third session): 16 launches back to back qkv 66.0%, o 41.2%, gate+up 68.5%, down 58.9% of 4.2 TB/s
-// (variant 0: 65.5 / 39.7 / 67.8 / 54.6%); whole int4 step 0.6-1.2% faster than with variant 0 at 4K and 32K. The
-// seg and mma kernels were slower (fewer instructions per weight, fewer bytes in flight).
-constexpr int kDefaultVariant = 5;
-// The variant whose kernel has the fused epilogues (launch_fused above: the same template arguments).
-constexpr int kFusedVariant = 5;
+// The compiled default of gemv_int4() (an index into kVariants): "stream R2 U4 W8 S16 auto" (launch_stream_auto).
+// Before it, variant 5 ("stream R2 U4 W8 S16", the fp16 dot everywhere; H200, 7B shapes, third session: 16 launches
+// back to back qkv 66.0%, o 41.2%, gate+up 68.5%, down 58.9% of 4.2 TB/s; variant 0: 65.5 / 39.7 / 67.8 / 54.6%,
+// whole int4 step 0.6-1.2% slower). The seg and mma kernels were slower (fewer instructions per weight, fewer bytes
+// in flight).
+constexpr int kDefaultVariant = 34;
+// Variants whose kernel has the fused epilogues (launch_fused above: the same template arguments, the dot per
+// fused_i16).
+constexpr int kFusedFp16 = 5, kFusedI16 = 30, kFusedAuto = 34;
 static_assert(kFusedR == 2 && kFusedU == 4 && kFusedW == 8 && kFusedWPS == 16 && kFusedMINW == 16,
-              "launch_fused must run kVariants[kFusedVariant], stream R2 U4 W8 S16");
+              "launch_fused must run the kernel of variants 5 / 30 / 34, stream R2 U4 W8 S16");
 
 void check_view(const Int4View& W, const char* who) {
     QUEST_REQUIRE(W.qweight && W.scales && W.zeros && W.rows > 0 && W.cols > 0, std::string(who) + ": bad arguments");
@@ -1217,10 +1366,22 @@ void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cuda
     kVariants[v].launch(y, W, x, stream);
 }
 
-int gemv_int4_fused_variant() { return kFusedVariant; }
+// The fused kernels follow the default variant when it is one of theirs (so that QUEST_INT4_GEMV = 5 / 30 / 34
+// compares whole fused steps), otherwise kFusedAuto (and the model does not use them: gemv_int4_fused_available).
+int gemv_int4_fused_variant() {
+    const int d = gemv_int4_default_variant();
+    return d == kFusedFp16 || d == kFusedI16 || d == kFusedAuto ? d : kFusedAuto;
+}
+
+namespace {
+bool fused_i16(const Int4View& M) {
+    const int v = gemv_int4_fused_variant();
+    return v == kFusedI16 || (v == kFusedAuto && i16_pays(M, kFusedR, kFusedWPS));
+}
+}  // namespace
 
 bool gemv_int4_fused_available(const Int4View& W) {
-    return gemv_int4_default_variant() == kFusedVariant && gemv_int4_fused_supported(W);
+    return gemv_int4_default_variant() == gemv_int4_fused_variant() && gemv_int4_fused_supported(W);
 }
 
 bool gemv_int4_fused_supported(const Int4View& W) {

@@ -17,6 +17,12 @@
 // error 4.9e-4 against 4.3e-4 for the 8-product sums, tolerance 3e-3). The "mma" variants multiply the same exact
 // (q - z) by x on the tensor cores: products exact, summed in fp32 over a segment (128 columns, or the group when
 // smaller), then scaled in fp32: no fp16 rounding at all after x (emulated: ~2e-6 relative), no overflow.
+// The "i16" variants (and "auto" where it picks them, i.e. the default on tall matrices) take x in block floating
+// point per chunk of 32 columns (int16 values, one power-of-two step per chunk, in shared memory) and the codes as
+// bytes: dp4a gives sum (q - z) xi exactly in int32, then one fp32 product with scale * step per chunk. x's fp16
+// values are represented exactly when within 4 binades of the chunk's largest |x| (smaller ones rounded to 2^-16 of
+// it, roughly); no fp16 product or partial sum, no overflow. A NaN or infinite x gives NaN / inf outputs as the
+// fp16 kernels do.
 //
 // Which variant gemv_int4() runs: QUEST_INT4_GEMV=<index> in the environment (an index of the variant list, as
 // quest_kernel_bench gemv4 prints it), read once at the first call, so that whole decode steps can be compared
@@ -56,8 +62,10 @@ void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream
 // 16-byte loads per row per lane kept in flight across rows (W warps per block, x in shared memory).
 // "async R U W P<p> S<n>": the same tiling, the codes copied by cp.async into a per-warp ring of p stages in shared
 // memory (p - 1 items in flight without holding registers).
+// "stream R U W S<n> i16": the stream kernel with the integer dot (above); "... auto": i16 where every warp of the
+// grid takes at least two tiles (the per-block conversion of x is then paid back), the fp16 dot elsewhere.
 // "R U W KS" (legacy, the default before the stream kernel): R rows per warp, U loads in flight per row, W warps
-// per block, KS warps splitting a row's columns. Same arithmetic for all (above); kernels/gemv_int4.cu has details.
+// per block, KS warps splitting a row's columns. Arithmetic: above; kernels/gemv_int4.cu has details.
 int gemv_int4_variant_count();
 const char* gemv_int4_variant_name(int v);
 void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cudaStream_t stream);
@@ -66,8 +74,10 @@ int gemv_int4_default_variant();
 // A QUEST_INT4_GEMV value: the variant index (decimal digits only, < gemv_int4_variant_count()), else -1.
 int gemv_int4_parse_variant(const char* text);
 
-// The decode step's fused epilogues (kernels/gemv_epilogue.h), on the kernel of variant 5 ("stream R2 U4 W8 S16",
-// the compiled default): the same tile sums as that variant, then
+// The decode step's fused epilogues (kernels/gemv_epilogue.h), on the kernel of gemv_int4_fused_variant(): variant
+// 34 ("stream R2 U4 W8 S16 auto", the compiled default: the i16 dot for matrices of at least 2 x 16 tiles of 2 rows
+// per SM, the fp16 dot below that), or 5 / 30 (always fp16 / always i16) when QUEST_INT4_GEMV names them: the same
+// tile sums as that variant, then
 //   gemv_int4_scaled:   y[r] = (W fp16(xg inv))[r]: the input normalised in shared memory  (qkv)
 //   gemv_int4_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i; rows even; the device layout's
 //                       permutation is per row, so the interleave is a row order):
@@ -79,7 +89,7 @@ int gemv_int4_parse_variant(const char* text);
 // gemv_int4() runs the same kernel (the default variant), which is when the model uses them (otherwise it keeps
 // rms_norm + gemv_int4 + swiglu, so that QUEST_INT4_GEMV still compares whole steps). No allocation or
 // synchronisation (graph-safe).
-int gemv_int4_fused_variant();  // the variant index whose kernel they run (5)
+int gemv_int4_fused_variant();  // the variant whose kernel they run (5, 30 or 34; 34 unless QUEST_INT4_GEMV says 5 / 30)
 bool gemv_int4_fused_supported(const Int4View& W);
 bool gemv_int4_fused_available(const Int4View& W);
 void gemv_int4_scaled(float* y, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream);

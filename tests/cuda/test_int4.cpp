@@ -4,10 +4,13 @@
 //
 // Tolerances: the GEMV multiplies (q - z) by x in fp16 and sums 8 products in fp16 before the fp32 accumulation
 // (kernels/gemv_int4.cuh), so against the fp32 reference on the same codes it is within 3e-3 relative L2 (fp16
-// rounding ~5e-4 per product). The whole model: 2e-2 relative L2 on the logits, as the FP16 backend.
+// rounding ~5e-4 per product); the i16 variants (x in per-chunk block floating point, integer dot) are held to the
+// same bound and, where x is exactly representable, to 1e-5 of a double reference. The whole model: 2e-2 relative
+// L2 on the logits, as the FP16 backend.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 #include <random>
 
@@ -134,6 +137,75 @@ TEST(CudaInt4, GemvAtSegmentBoundaries) {
 TEST(CudaInt4, GemvWithManyTilesPerWarp) {
     QUEST_REQUIRE_GPU();
     check_gemv({{9001, 384, 128}, {5003, 640, 32}, {4403, 4096, 128}, {4501, 11008, 128}}, 26);
+}
+
+// The integer dot ("i16" variants; "auto" runs it on tall matrices): with every x within 4 binades of its chunk's
+// largest |x| (here |x| in [1/4, 1)) x is held exactly and sum (q - z) x is exact in int32, so the result is the
+// exact dot up to the fp32 rounding of one product per chunk and the sums over chunks and lanes: within 1e-5
+// relative L2 of a double-precision reference (the fp16-dot variants are at ~3e-4 on these inputs, so this tells
+// the two arithmetics apart).
+TEST(CudaInt4, GemvI16IsExactOnBlockFloatingPointInputs) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(29);
+    std::uniform_real_distribution<float> mag(0.25f, 1.0f);
+    int tested = 0;
+    for (const GemvShape& s : std::vector<GemvShape>{{4096, 4096, 128}, {37, 11008, 128}, {9001, 384, 128},
+                                                     {5, 160, 32}, {45, 640, 64}}) {
+        SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " g" << s.group);
+        const auto W = random_floats(g, size_t(s.rows) * s.cols, 0.02f);
+        std::vector<float> x(s.cols);
+        for (float& v : x) v = half_to_float(float_to_half((g() & 1 ? -1.0f : 1.0f) * mag(g)));
+        const Int4Matrix m = quantize_int4(W.data(), s.rows, s.cols, s.group);
+        const std::vector<float> Wd = dequantize_int4(m);  // (q - z) s: exact in fp32
+        std::vector<float> want(s.rows);
+        for (int r = 0; r < s.rows; ++r) {
+            double acc = 0.0;
+            for (int c = 0; c < s.cols; ++c) acc += double(Wd[size_t(r) * s.cols + c]) * x[c];
+            want[r] = float(acc);
+        }
+        const DeviceInt4 dW(m);
+        auto dx = upload(to_half(x));
+        DeviceBuffer<float> y(s.rows);
+        for (int v = 0; v < gemv_int4_variant_count(); ++v) {
+            if (!std::strstr(gemv_int4_variant_name(v), "i16")) continue;
+            y.fill_bytes(0xFF);
+            gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+            const auto got = y.download();
+            EXPECT_TRUE(all_finite(got)) << gemv_int4_variant_name(v);
+            EXPECT_LE(rel_err(got, want), 1e-5) << gemv_int4_variant_name(v);
+            ++tested;
+        }
+    }
+    EXPECT_GE(tested, 5);
+}
+
+// A NaN or an infinity in x reaches every output as a non-finite value, in every variant (the i16 conversion must
+// not turn it into an integer; the fp16 dot multiplies it into every row).
+TEST(CudaInt4, GemvPropagatesNonFiniteInputs) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(30);
+    for (const GemvShape& s : std::vector<GemvShape>{{64, 4096, 128}, {9001, 384, 128}}) {
+        const auto W = random_floats(g, size_t(s.rows) * s.cols, 0.02f);
+        const Int4Matrix m = quantize_int4(W.data(), s.rows, s.cols, s.group);
+        const DeviceInt4 dW(m);
+        DeviceBuffer<float> y(s.rows);
+        for (float bad : {std::nanf(""), INFINITY, -INFINITY}) {
+            auto x = random_floats(g, s.cols);
+            x[100] = bad;
+            auto dx = upload(to_half(x));
+            for (int v = -1; v < gemv_int4_variant_count(); ++v) {
+                SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " x[100] = " << bad << " "
+                                                  << (v < 0 ? "gemv_int4" : gemv_int4_variant_name(v)));
+                y.fill_bytes(0);
+                if (v < 0) gemv_int4(y.get(), dW.view, dx.get(), nullptr);
+                else gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+                const auto got = y.download();
+                int finite = 0;
+                for (float o : got) finite += std::isfinite(o);
+                EXPECT_EQ(finite, 0);
+            }
+        }
+    }
 }
 
 // Llama-2's "massive activations": a few input channels in the thousands (the down projection's input). The fp16
