@@ -212,6 +212,87 @@ TEST(Int4Layout, MagicNumberDequantizationIsExact) {
     }
 }
 
+// The GPU kernel's integer dot (kernels/gemv_int4.cu: x_to_i16, chunk_dot_i16, the "i16" variants), emulated on the
+// host: x in block floating point per chunk of 32 columns (xi = rint(x 2^k), k = 29 - E for the fp16 exponent field
+// E of the chunk's largest |x|), split into byte planes packed by the kernel's PRMT selectors, dotted with the code
+// bytes of words packed by int4_pack_word by dp4a. Checks what the kernel's comments claim: |xi| < 2^15, xi 2^-k ==
+// x exactly for normal x within 4 binades of the chunk's largest, |xi 2^-k - x| <= 2^-k / 2 always, and
+// 256 sum(q hi) + sum(q lo) - z sum(xi) == sum (q - z) xi (the byte order of the planes matches the codes').
+TEST(Int4Layout, IntegerDotOfBlockFloatingPointXIsExact) {
+    auto prmt = [](uint32_t a, uint32_t b, uint32_t sel) {  // PTX prmt.b32, default mode (selector bit 3 clear)
+        const uint64_t ab = uint64_t(a) | uint64_t(b) << 32;
+        uint32_t d = 0;
+        for (int i = 0; i < 4; ++i) d |= uint32_t((ab >> (8 * ((sel >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
+        return d;
+    };
+    auto dp4a_us = [](uint32_t a, uint32_t b, int64_t c) {  // unsigned bytes of a, signed bytes of b
+        for (int i = 0; i < 4; ++i) c += int64_t((a >> (8 * i)) & 0xFFu) * int64_t(int8_t((b >> (8 * i)) & 0xFFu));
+        return c;
+    };
+    auto dp4a_uu = [](uint32_t a, uint32_t b, int64_t c) {
+        for (int i = 0; i < 4; ++i) c += int64_t((a >> (8 * i)) & 0xFFu) * int64_t((b >> (8 * i)) & 0xFFu);
+        return c;
+    };
+    std::mt19937 rng(17);
+    std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+    std::uniform_int_distribution<int> binade(-26, 15), code(0, 15), kind(0, 5);
+    int exact_checked = 0, rounded_checked = 0;
+    for (int trial = 0; trial < 2000; ++trial) {
+        uint16_t h[32];
+        const int spread = 1 + trial % 20;  // binades spanned by the chunk
+        const int top = binade(rng) % 12;
+        for (uint16_t& v : h) {
+            float x = (rng() & 1 ? -1.0f : 1.0f) * std::ldexp(mant(rng), top - int(rng() % spread));
+            if (kind(rng) == 0) x = 0.0f;
+            v = float_to_half(x);
+        }
+        if (trial % 97 == 0) std::fill(h, h + 32, uint16_t(0));  // an all-zero chunk
+        uint32_t mb = 0;
+        for (uint16_t v : h) mb = std::max(mb, uint32_t(v & 0x7FFFu));
+        const int E = int(mb >> 10);
+        const float up = std::ldexp(1.0f, 29 - E), sx = std::ldexp(1.0f, E - 29);
+        int xi[32];
+        int64_t xsum = 0;
+        for (int i = 0; i < 32; ++i) {
+            const float x = half_to_float(h[i]);
+            xi[i] = int(std::nearbyint(x * up));  // the kernel's __float2int_rn of the exact fp32 product
+            ASSERT_LT(std::abs(xi[i]), 32768) << "E " << E;
+            xsum += xi[i];
+            const double err = std::fabs(double(xi[i]) * sx - double(x));
+            ASSERT_LE(err, 0.5 * sx);
+            const int e = (h[i] >> 10) & 31;
+            if (e >= 1 && e >= E - 4) {
+                ASSERT_EQ(err, 0.0) << "x " << x << " E " << E;
+                ++exact_checked;
+            } else if (h[i] & 0x7FFFu) {
+                ++rounded_checked;
+            }
+        }
+        uint8_t q[32];
+        for (uint8_t& c : q) c = uint8_t(code(rng));
+        const int z = code(rng);
+        int64_t hs = 0, ls = 0, want = 0;
+        for (int j = 0; j < 4; ++j) {  // piece j: columns 8j .. 8j + 7, one code word
+            const int* v = xi + 8 * j;
+            const uint32_t a04 = prmt(uint32_t(v[0]), uint32_t(v[4]), 0x4051u),
+                           a15 = prmt(uint32_t(v[1]), uint32_t(v[5]), 0x4051u);
+            const uint32_t a26 = prmt(uint32_t(v[2]), uint32_t(v[6]), 0x4051u),
+                           a37 = prmt(uint32_t(v[3]), uint32_t(v[7]), 0x4051u);
+            const uint32_t px = prmt(a04, a15, 0x5410u), py = prmt(a26, a37, 0x5410u);
+            const uint32_t pz = prmt(a04, a15, 0x7632u), pw = prmt(a26, a37, 0x7632u);
+            const uint32_t w = int4_pack_word(q + 8 * j);
+            const uint32_t c0 = w & 0x0F0F0F0Fu, c1 = (w >> 4) & 0x0F0F0F0Fu;
+            hs = dp4a_us(c1, py, dp4a_us(c0, px, hs));
+            ls = dp4a_uu(c1, pw, dp4a_uu(c0, pz, ls));
+            for (int i = 0; i < 8; ++i) want += int64_t(int(q[8 * j + i]) - z) * v[i];
+        }
+        ASSERT_EQ(256 * hs + ls - z * xsum, want) << "trial " << trial;
+        ASSERT_LT(std::llabs(want), int64_t(1) << 24);  // exact in the kernel's int32 and in its fp32 conversion
+    }
+    EXPECT_GT(exact_checked, 10000);
+    EXPECT_GT(rounded_checked, 1000);
+}
+
 // The CUDA device layout (kernels/int4_layout.h): per row, a permutation of the 16-byte chunks that puts chunk j of
 // segments 32 b .. 32 b + n_b - 1 (S chunks of one group each) at n_b consecutive slots; the identity for group 32.
 TEST(Int4DeviceLayout, ChunkSlotsArePerRowPermutationsWithCoalescedRuns) {
