@@ -18,20 +18,16 @@
 // permutation is the identity. Scales and zero points keep the v1 layout ([rows][groups]).
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define QUEST_INT4_HD __host__ __device__
-#else
-#define QUEST_INT4_HD
-#endif
+#include "kernels/host_device.h"
 
 namespace quest {
 
 // log2 S for a group size (a power of two >= 32): 0 for group 32, 1 for 64, 2 for 128 and above.
-constexpr QUEST_INT4_HD int int4_segment_shift(int group) { return group >= 128 ? 2 : (group == 64 ? 1 : 0); }
+constexpr QUEST_HD int int4_segment_shift(int group) { return group >= 128 ? 2 : (group == 64 ? 1 : 0); }
 
 // Device slot (16-byte unit from the row's start) of logical chunk c of a row of `chunks` chunks, S = 1 << sshift
 // (sshift = int4_segment_shift(group); S divides chunks since group divides cols).
-constexpr QUEST_INT4_HD int int4_chunk_slot(int c, int chunks, int sshift) {
+constexpr QUEST_HD int int4_chunk_slot(int c, int chunks, int sshift) {
     const int k = c >> sshift;                      // segment
     const int j = c & ((1 << sshift) - 1);          // chunk within the segment
     const int b = k >> 5;                           // batch

@@ -20,13 +20,7 @@
 
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define QUEST_HD __host__ __device__
-#define QUEST_UNROLL _Pragma("unroll")
-#else
-#define QUEST_HD
-#define QUEST_UNROLL
-#endif
+#include "kernels/host_device.h"
 
 namespace quest::codes {
 

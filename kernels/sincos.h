@@ -12,15 +12,11 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define QUEST_SINCOS_HD __host__ __device__
-#else
-#define QUEST_SINCOS_HD
-#endif
+#include "kernels/host_device.h"
 
 namespace quest {
 
-QUEST_SINCOS_HD inline void sincos_reduced(float x, float& s, float& c) {
+QUEST_HD inline void sincos_reduced(float x, float& s, float& c) {
     const double xd = x;
     const double k = rint(xd * 0.63661977236758134308);      // 2 / pi
     const float r = static_cast<float>(fma(-k, 1.5707963267948966192, xd));  // pi / 2
