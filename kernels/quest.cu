@@ -40,9 +40,11 @@ __device__ __forceinline__ bool device_len(const int* d_pos, int page_size_log2,
     return len >= 1 && P <= max_pages;
 }
 
-// The decode token's RoPE + KV append folded into the Quest launches (QuestRopeAppend, kernels/quest.cuh): the
-// scoring kernel rotates its heads' q from qkv itself, and the top-k kernel does rope_append_kv's work (T = 1, the
-// same code: kernels/rope_device.cuh), its loads issued right after its wait and its stores after the select.
+// The decode token's RoPE + KV append folded into the Quest scoring launch (QuestRopeAppend, kernels/quest.cuh): each
+// scoring block rotates its heads' q from qkv for its scores, and the grid also does rope_append_kv's work (T = 1,
+// the same code: kernels/rope_device.cuh), spread over its threads: the loads issued right after the wait, the stores
+// after the block's scoring items, off the scoring's critical path (the top-k between this grid and the attention
+// needs none of it).
 struct RopeArgs {
     const float* qkv = nullptr;  // [q_dim | kv_dim | kv_dim] fp32, or null: off
     __half* q_out = nullptr;     // [num_heads][D]
@@ -50,7 +52,6 @@ struct RopeArgs {
     RopeDeviceParams rope;
     int num_heads = 0;
 };
-constexpr int kTopkRopeItems = 2;  // append items per thread whose loads go out before the select (more: after it)
 
 // The kernels' RopeArgs for a QuestRopeAppend (null: off).
 RopeArgs rope_args(const QuestRopeAppend* r, const KvLayerView& kv, int num_heads) {
@@ -580,7 +581,7 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
                                                              const float* __restrict__ scores, int score_stride,
                                                              const int* __restrict__ d_pos, int page_size_log2,
                                                              int page_budget, int cache, int select_stride,
-                                                             MatchedBudget match, RopeArgs ra) {
+                                                             MatchedBudget match) {
     constexpr int PRE = KPT > 0 ? KPT : kTopkUnroll;
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
@@ -596,31 +597,7 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
         pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
     }
     const int len = *d_pos + 1;
-    // RoPE + append (ra.qkv non-null), items tid * gridDim.x + blockIdx.x + u * stride over the grid: the first
-    // kTopkRopeItems loaded now (in flight during the select), all of them finished after it. Only for a position
-    // inside the cache (the scoring kernel's condition).
-    const bool rope_on = ra.qkv != nullptr && len >= 1 &&
-                         ((len + ra.kv.page_size - 1) / ra.kv.page_size) <= ra.kv.max_pages;
-    const rope_dev::Token tk{ra.q_out, ra.kv, ra.qkv, len - 1, 1, ra.num_heads};
-    const int first = tid * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
-    const int stride = static_cast<int>(gridDim.x) * kTopkThreads;
-    rope_dev::ItemIn rin[kTopkRopeItems];
-    if (rope_on) {
-#pragma unroll
-        for (int u = 0; u < kTopkRopeItems; ++u)
-            if (first + u * stride < tk.items()) rin[u] = rope_dev::item_load(tk, first + u * stride);
-    }
     top_k_row<KPT>(out, in, pre, len, score_stride, page_size_log2, page_budget, cache, select_stride, match);
-    if (rope_on) {
-        const double dyn_base = rope_dev::dynamic_base(ra.rope, ra.kv.head_dim, len);
-#pragma unroll
-        for (int u = 0; u < kTopkRopeItems; ++u) {
-            const int idx = first + u * stride;
-            if (idx < tk.items()) rope_dev::item_store(tk, idx, rin[u], ra.rope, dyn_base);
-        }
-        for (int idx = first + kTopkRopeItems * stride; idx < tk.items(); idx += stride)
-            rope_dev::item_store(tk, idx, rope_dev::item_load(tk, idx), ra.rope, dyn_base);
-    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -688,7 +665,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     // Before pdl_wait: the position and the metadata of the complete pages (the candidates), which no kernel that may
     // still be running writes: the position changes only between decode steps, and a layer's candidate bounds only
     // in the steps that completed their pages (the current step writes the last page's bounds only, in rope_append
-    // or, with ra.qkv, in this layer's top-k after this grid). The kernel before this one is rope_append, which
+    // or, with ra.qkv, in this grid after its wait). The kernel before this one is rope_append, which
     // triggers only after its own wait, or with ra.qkv the qkv GEMV, which triggers before its own wait (earlier
     // kernels of the step may then still run; none of them writes these). So the first stages of metadata stream in
     // while that kernel finishes. q (or qkv) comes from it: read after pdl_wait. Every path waits before it returns
@@ -699,11 +676,22 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         return;
     }
     const int tid = threadIdx.x;
-    // ra.qkv non-null: q is rotated here from qkv (read after pdl_wait), not read from q (RopeArgs).
+    // ra.qkv non-null: q is rotated here from qkv (read after pdl_wait), not read from q, and the grid does the
+    // token's RoPE + KV append (RopeArgs): items tid * gridDim.x + blockIdx.x + u * kScoreThreads * gridDim.x. It
+    // writes only what no block of this grid reads: q_out, the token's k / v rows and the current page's bounds
+    // (the scores read complete pages only).
     const bool rope_on = ra.qkv != nullptr;
     const double dyn_base = rope_on ? rope_dev::dynamic_base(ra.rope, D, len) : 0.0;
+    const rope_dev::Token tk{ra.q_out, ra.kv, ra.qkv, len - 1, 1, ra.num_heads};
+    const int a_first = tid * static_cast<int>(gridDim.x) + static_cast<int>(blockIdx.x);
+    const int a_stride = static_cast<int>(gridDim.x) * kScoreThreads;
+    auto append_from = [&](int idx0) {  // after pdl_wait
+        for (int idx = idx0; idx < tk.items(); idx += a_stride)
+            rope_dev::item_store(tk, idx, rope_dev::item_load(tk, idx), ra.rope, dyn_base);
+    };
     if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
         pdl_wait();
+        if (rope_on) append_from(a_first);
         if constexpr (FUSED) {
             const int rows = per_head ? num_heads : num_kv_heads;
             const long long cells = static_cast<long long>(rows) * P;
@@ -721,6 +709,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     const int items = (n + kScoreTile - 1) / kScoreTile * num_kv_heads;
     if (static_cast<int>(blockIdx.x) >= items) {
         pdl_wait();
+        if (rope_on) append_from(a_first);
         return;
     }
     const int my_items = (items - 1 - static_cast<int>(blockIdx.x)) / static_cast<int>(gridDim.x) + 1;
@@ -761,6 +750,10 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         cp_async_commit();
     }
     pdl_wait();  // q
+    // The append's first item: loaded now, finished after the scoring items (the rest, if any, then too).
+    const bool a_on = rope_on && a_first < tk.items();
+    rope_dev::ItemIn a_in;
+    if (a_on) a_in = rope_dev::item_load(tk, a_first);
     const int tiles = (n + kScoreTile - 1) / kScoreTile;  // items per KV head (and head batch loop)
     float acc[GT] = {};
     float agg = 0.0f;  // KvMax / KvSum aggregate of this thread's page over the item's head batches
@@ -892,6 +885,10 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
                 }
             }
         }
+    }
+    if (a_on) {
+        rope_dev::item_store(tk, a_first, a_in, ra.rope, dyn_base);
+        append_from(a_first + a_stride);
     }
     cp_async_wait<0>();
 }
@@ -1388,8 +1385,7 @@ void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const _
 
 namespace {
 void launch_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
-                  int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride,
-                  const RopeArgs& ra) {
+                  int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride) {
     QUEST_REQUIRE(selected && scores && d_pos, "null pointer");
     QUEST_REQUIRE(rows >= 1 && score_stride >= 1 && page_budget >= 1, "rows, score_stride, page_budget >= 1");
     if (select_stride == 0) select_stride = page_budget;
@@ -1401,7 +1397,7 @@ void launch_top_k(int* selected, const float* scores, int score_stride, const in
     auto go = [&](auto kernel, int smem, bool cache) {
         launch_pdl(kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
                    score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache), select_stride,
-                   match, ra);
+                   match);
     };
     if (score_stride <= kTopkThreads * 4) return go(top_k_kernel<4>, 0, false);
     if (score_stride <= kTopkThreads * 8) return go(top_k_kernel<8>, 0, false);
@@ -1416,8 +1412,7 @@ void launch_top_k(int* selected, const float* scores, int score_stride, const in
 
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
                  int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride) {
-    launch_top_k(selected, scores, score_stride, d_pos, rows, page_size, page_budget, stream, match, select_stride,
-                 RopeArgs{});
+    launch_top_k(selected, scores, score_stride, d_pos, rows, page_size, page_budget, stream, match, select_stride);
 }
 
 void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos,
@@ -1450,7 +1445,7 @@ void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int
     QUEST_REQUIRE(!opts.fused || (!opts.codes && !opts.match.on()),
                   "the fused scoring + top-k reads fp16 metadata and K pages only (no codes, no matched budget)");
     QUEST_REQUIRE(!opts.rope || (!opts.fused && !opts.codes && q == opts.rope->q_out),
-                  "the RoPE append runs in the separate fp16-bounds scoring and top-k launches (not fused, no codes); "
+                  "the RoPE append runs in the separate fp16-bounds scoring launch (not fused, no codes); "
                   "q must be rope->q_out");
     if (opts.fused) {
         quest_page_scores_top_k(ws.selected, ws.scores, ws.counters + num_heads, q, kv, d_pos, num_heads, page_budget,
@@ -1458,12 +1453,11 @@ void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int
     } else {
         if (opts.codes)
             quest_code_scores(ws.scores, q, kv, *opts.codes, d_pos, num_heads, page_budget, policy, stream);
-        else
+        else  // with opts.rope this launch also does the token's RoPE + append (RopeArgs)
             quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream, opts.rope);
         const int stride = quest_select_capacity(kv.max_pages, kv.page_size, page_budget, opts.match);
-        // With opts.rope the top-k launch also does the token's RoPE + append (RopeArgs).
         launch_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, opts.match,
-                     stride, rope_args(opts.rope, kv, num_heads));
+                     stride);
     }
     attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream,
                             opts.match);

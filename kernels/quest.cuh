@@ -87,11 +87,12 @@ struct QuestWorkspace {
 // holds for quest_page_scores_top_k and quest_decode.
 //
 // rope (optional): q is not read but rotated by each block from rope->qkv, exactly as rope_append_kv rotates it
-// (pass rope->q_out as q; this kernel does not write it). quest_decode with QuestDecodeOptions::rope uses this, and
-// its top-k launch does the rest of rope_append_kv's work (q_out, the token's k and v, the page bounds).
+// (pass rope->q_out as q), and the launch also does rope_append_kv's work for the token (T = 1, the same bits):
+// rope->q_out, its k and v rows and the current page's bounds, spread over the grid's threads (loads right after the
+// wait, stores after each block's scoring). quest_decode with QuestDecodeOptions::rope uses this.
 struct QuestRopeAppend {
     const float* qkv = nullptr;  // [num_heads*D | num_kv_heads*D | num_kv_heads*D] fp32: the token's projection
-    __half* q_out = nullptr;     // [num_heads][D]: the rotated query (written by quest_decode's top-k launch)
+    __half* q_out = nullptr;     // [num_heads][D]: the rotated query (written by the scoring launch)
     RopeDeviceParams rope;
 };
 void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
@@ -145,9 +146,10 @@ struct QuestDecodeOptions {
     // A bytes-matched budget (quest_matched_budget; the workspace sized with the same). Not with `fused`.
     MatchedBudget match;
     // Non-null: the decode token's RoPE + KV append (rope_append_kv, T = 1, the same bits) runs inside the Quest
-    // launches instead of a launch of its own: the scoring kernel rotates q from rope->qkv for its scores, the top-k
-    // kernel writes rope->q_out, the token's k and v and the current page's bounds (its loads issued right after its
-    // wait, its stores after the select), and the attention reads them. The caller does not launch rope_append_kv
+    // launches instead of a launch of its own: the scoring kernel rotates q from rope->qkv for its scores and also
+    // writes rope->q_out, the token's k and v and the current page's bounds (its loads issued right after its wait,
+    // its stores after each block's scoring items: off the chain's critical path), and the attention reads them two
+    // launches later (the top-k needs none of them). The caller does not launch rope_append_kv
     // for this step; quest_decode's q must be rope->q_out. Not with `fused` or `codes`.
     const QuestRopeAppend* rope = nullptr;
 };

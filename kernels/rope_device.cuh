@@ -1,7 +1,7 @@
 #pragma once
 // Device side of RoPE + KV append for one decode token (kernels/rope.cuh), shared by rope_append_kv's kernel
 // (kernels/rope.cu) and the Quest launches that fold the same work in (kernels/quest.cu, QuestRopeAppend: the
-// scoring kernel rotates q, the top-k kernel appends): the same expressions in both, so the rotated q, the cached
+// scoring kernel rotates q and appends the token): the same expressions in both, so the rotated q, the cached
 // k / v and the page bounds are bit for bit those of rope_append_kv. CUDA only (no host code includes this header).
 #include <cstdint>
 
@@ -46,7 +46,7 @@ __device__ __forceinline__ void rotate(float a, float b, float c, float s, __hal
 // num_kv_heads) D / 2 is the (head, pair) idx (q: rotated into q_out [num_heads][D]; k: rotated into the cache and,
 // when T == 1, folded into its page's bounds), item pairs + c is value channel c (copied to the cache). Split into
 // the loads (item_load) and the arithmetic and stores (item_store), so that a kernel can issue the loads early and
-// finish the item later (the Quest top-k kernel, QuestRopeAppend).
+// finish the item later (the Quest scoring kernel, QuestRopeAppend).
 struct Token {
     __half* q_out;           // [num_heads][D] of this token
     KvLayerView kv;

@@ -863,7 +863,9 @@ TEST(QuestCuda, FusedDecodeMatchesSeparateLaunches) {
 // cache, the page bounds, the selection and the attention output must be the same bits. The cache holds len - 1
 // tokens (K/V and bounds beyond them NaN: an append that writes too little shows); the token at len - 1 is appended.
 // Covers a first token of a page (its bounds start over), a page's last token, dense steps (P <= K: the scoring
-// exits early but still appends), len = 1, GQA policies, head_dim 8 .. 256 and a dynamic-NTK / scaled RoPE.
+// exits early but still appends), blocks without a scoring item (they only append) and grids whose blocks score
+// more than one item (the append finished after them), len = 1, GQA policies, head_dim 8 .. 256 and a dynamic-NTK /
+// scaled RoPE.
 void compare_rope_append(const Shape& s, uint32_t seed, bool dynamic) {
     SCOPED_TRACE(describe(s) + (dynamic ? " dynamic rope" : ""));
     const int D = s.head_dim, q_dim = s.num_heads * D, kv_dim = s.num_kv_heads * D;
@@ -943,6 +945,8 @@ TEST(QuestCuda, RopeAppendInScoringMatchesSeparateLaunch) {
         {8, 2, 64, 16, 16 * 100, 100, GqaPolicy::PerHead},       // dense: P == K
         {8, 2, 64, 16, 1000, 1, GqaPolicy::KvMax},               // K = 1
         {4, 1, 128, 16, 1, 4, GqaPolicy::KvMax},                 // len = 1: the first token of the sequence
+        {4, 4, 8, 16, 16 * 20000 + 3, 12, GqaPolicy::KvMax},     // 628 scoring items: > 1 per block on any GPU
+        {8, 8, 64, 16, 16 * 4500 + 2, 64, GqaPolicy::KvMax},     // 288 items: > 1 for some blocks on an H200
     };
     uint32_t seed = 9100;
     for (const Shape& sh : shapes) compare_rope_append(sh, seed++, false);
