@@ -57,9 +57,7 @@ struct RopeArgs {
 RopeArgs rope_args(const QuestRopeAppend* r, const KvLayerView& kv, int num_heads) {
     RopeArgs a;
     if (!r) return a;
-    QUEST_REQUIRE(r->qkv && r->q_out && kv.k && kv.v && kv.kmin && kv.kmax,
-                  "RoPE append: qkv, q_out and the K/V cache with its bounds are required");
-    QUEST_REQUIRE(r->rope.dynamic || r->rope.inv_freq, "RoPE append: inv_freq table missing");
+    require_rope_append("Quest RoPE append", r->q_out, kv, r->qkv, 1, num_heads, r->rope);
     a.qkv = r->qkv;
     a.q_out = r->q_out;
     a.kv = kv;

@@ -1,5 +1,6 @@
 #include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "kernels/rope.cuh"
 #include "kernels/rope_device.cuh"
@@ -48,12 +49,19 @@ __global__ void metadata_rebuild_kernel(KvLayerView kv, int first_page, int len)
 
 }  // namespace
 
+void require_rope_append(const char* who, const __half* q_out, const KvLayerView& kv, const float* qkv, int T,
+                         int num_heads, const RopeDeviceParams& rope) {
+    // (the messages are built only on failure)
+    QUEST_REQUIRE(q_out && kv.k && kv.v && qkv && T > 0 && num_heads > 0, std::string(who) + ": bad arguments");
+    QUEST_REQUIRE(kv.head_dim % 2 == 0 && kv.page_size > 0, std::string(who) + ": head_dim must be even");
+    QUEST_REQUIRE(rope.dynamic || rope.inv_freq, std::string(who) + ": inv_freq table missing");
+    QUEST_REQUIRE(T > 1 || (kv.kmin && kv.kmax), std::string(who) + ": metadata missing");
+}
+
 void rope_append_kv(__half* q_out, const KvLayerView& kv, const float* qkv, const int* d_pos, int T, int num_heads,
                     const RopeDeviceParams& rope, cudaStream_t stream) {
-    QUEST_REQUIRE(q_out && kv.k && kv.v && qkv && d_pos && T > 0 && num_heads > 0, "rope_append_kv: bad arguments");
-    QUEST_REQUIRE(kv.head_dim % 2 == 0 && kv.page_size > 0, "rope_append_kv: head_dim must be even");
-    QUEST_REQUIRE(rope.dynamic || rope.inv_freq, "rope_append_kv: inv_freq table missing");
-    QUEST_REQUIRE(T > 1 || (kv.kmin && kv.kmax), "rope_append_kv: metadata missing");
+    require_rope_append("rope_append_kv", q_out, kv, qkv, T, num_heads, rope);
+    QUEST_REQUIRE(d_pos, "rope_append_kv: bad arguments");
     const int work = (num_heads + kv.num_kv_heads) * kv.head_dim / 2;
     const int threads = work >= 128 ? 128 : ((work + 31) / 32) * 32;
     const int slices = std::min(ceil_div(work, threads), 64);  // a decode step's token spreads over several SMs

@@ -43,6 +43,10 @@ struct KvLayerView {
 // page_metadata_rebuild afterwards. Reads the position from the device so the launch can live in a CUDA graph.
 // Triggers its dependent launch (pdl_trigger) right after its own pdl_wait: the next kernel may start early and must
 // pdl_wait before reading q, the appended K/V or the current page's metadata.
+// Its argument checks on the host (throws std::invalid_argument naming `who`), shared with the Quest launches that
+// fold the same work in (kernels/quest.cuh, QuestRopeAppend).
+void require_rope_append(const char* who, const __half* q_out, const KvLayerView& kv, const float* qkv, int T,
+                         int num_heads, const RopeDeviceParams& rope);
 void rope_append_kv(__half* q_out, const KvLayerView& kv, const float* qkv, const int* d_pos, int T, int num_heads,
                     const RopeDeviceParams& rope, cudaStream_t stream);
 

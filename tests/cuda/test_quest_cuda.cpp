@@ -967,6 +967,23 @@ TEST(QuestCuda, RejectsBadShapes) {
     EXPECT_EQ(z.selected, 32u * 128u);
     EXPECT_EQ(z.partial_o, static_cast<size_t>(32) * z.max_splits * 128);
     EXPECT_GE(z.max_splits * z.pages_per_split, 128);
+    // The RoPE append folded into the scoring launch checks its arguments as rope_append_kv does (require_rope_append).
+    std::mt19937 rng(5);
+    const Shape s{8, 2, 64, 16, 40, 2, GqaPolicy::KvMax};
+    const Cache c = make_cache(rng, s.num_kv_heads, s.head_dim, s.page_size, 64, s.len, true);
+    Workspace w(s, c.max_pages);
+    DeviceBuffer<__half> q(static_cast<size_t>(s.num_heads) * s.head_dim);
+    DeviceBuffer<int> pos(1);
+    QuestRopeAppend ra;
+    ra.q_out = q.get();  // no qkv, no rotary table
+    EXPECT_THROW(quest_page_scores(w.scores.get(), q.get(), c.view(), pos.get(), s.num_heads, s.page_budget, s.policy,
+                                   nullptr, &ra),
+                 std::invalid_argument);
+    DeviceBuffer<float> qkv(static_cast<size_t>(s.num_heads + 2 * s.num_kv_heads) * s.head_dim);
+    ra.qkv = qkv.get();  // the rotary table still missing
+    EXPECT_THROW(quest_page_scores(w.scores.get(), q.get(), c.view(), pos.get(), s.num_heads, s.page_budget, s.policy,
+                                   nullptr, &ra),
+                 std::invalid_argument);
 }
 
 }  // namespace
