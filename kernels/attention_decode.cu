@@ -281,15 +281,9 @@ void attention_decode(__half* out, const __half* q, const KvLayerView& kv, const
     QUEST_REQUIRE(is_aligned(q, 16) && is_aligned(kv.k, 16) && is_aligned(kv.v, 16), "attention_decode: alignment");
     const int group = num_heads / kv.num_kv_heads;
     const float sl2 = scale * 1.4426950408889634f;
-    switch (kv.head_dim) {
-        case 8: dispatch_group<8>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream); break;
-        case 16: dispatch_group<16>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream); break;
-        case 32: dispatch_group<32>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream); break;
-        case 64: dispatch_group<64>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream); break;
-        case 128: dispatch_group<128>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream); break;
-        case 256: dispatch_group<256>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream); break;
-        default: QUEST_REQUIRE(false, "attention_decode: head_dim must be 8, 16, 32, 64, 128 or 256");
-    }
+    with_head_dim(kv.head_dim, "attention_decode", [&](auto d) {
+        dispatch_group<decltype(d)::value>(group, out, q, kv, d_pos, sl2, split_tokens, ws, stream);
+    });
 }
 
 }  // namespace quest

@@ -419,17 +419,9 @@ void attention_prefill(__half* out, const __half* q, const KvLayerView& kv, int 
     QUEST_REQUIRE(num_heads >= 1 && kv.num_kv_heads >= 1 && num_heads % kv.num_kv_heads == 0,
                   "attention_prefill: num_heads = " + std::to_string(num_heads) +
                       " must be a positive multiple of num_kv_heads = " + std::to_string(kv.num_kv_heads));
-    switch (kv.head_dim) {
-        case 8: return launch_prefill<8>(out, q, kv, T, pos0, num_heads, scale, stream);
-        case 16: return launch_prefill<16>(out, q, kv, T, pos0, num_heads, scale, stream);
-        case 32: return launch_prefill<32>(out, q, kv, T, pos0, num_heads, scale, stream);
-        case 64: return launch_prefill<64>(out, q, kv, T, pos0, num_heads, scale, stream);
-        case 128: return launch_prefill<128>(out, q, kv, T, pos0, num_heads, scale, stream);
-        case 256: return launch_prefill<256>(out, q, kv, T, pos0, num_heads, scale, stream);
-        default:
-            QUEST_REQUIRE(false, "attention_prefill: unsupported head_dim " + std::to_string(kv.head_dim) +
-                                     " (supported: 8, 16, 32, 64, 128, 256)");
-    }
+    with_head_dim(kv.head_dim, "attention_prefill", [&](auto d) {
+        launch_prefill<decltype(d)::value>(out, q, kv, T, pos0, num_heads, scale, stream);
+    });
 }
 
 }  // namespace quest

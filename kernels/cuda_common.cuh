@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 namespace quest {
@@ -76,6 +77,37 @@ void launch_pdl(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t sme
 
 inline bool is_aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 inline int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+// The one place where a runtime head_dim becomes a compile-time constant for the attention-family launchers:
+// f(std::integral_constant<int, D>{}) for D in {8, 16, 32, 64, 128, 256}; any other value throws
+// std::invalid_argument naming `who` (use decltype(d)::value inside f).
+template <class F>
+void with_head_dim(int head_dim, const char* who, F&& f) {
+    switch (head_dim) {
+        case 8: return f(std::integral_constant<int, 8>{});
+        case 16: return f(std::integral_constant<int, 16>{});
+        case 32: return f(std::integral_constant<int, 32>{});
+        case 64: return f(std::integral_constant<int, 64>{});
+        case 128: return f(std::integral_constant<int, 128>{});
+        case 256: return f(std::integral_constant<int, 256>{});
+        default:
+            precondition_fail("head_dim in {8, 16, 32, 64, 128, 256}",
+                              std::string(who) + ": unsupported head_dim " + std::to_string(head_dim) +
+                                  " (supported: 8, 16, 32, 64, 128, 256)",
+                              __FILE__, __LINE__);
+    }
+}
+
+// Query heads per KV head (group >= 1) as the head tile a kernel is compiled for: f(std::integral_constant<int, T>{})
+// with T = 1, 2, 4 or 8, the smallest power of two >= group, and 8 for any larger group (the kernel then loops over
+// tiles of 8).
+template <class F>
+void with_group_tile(int group, F&& f) {
+    if (group <= 1) return f(std::integral_constant<int, 1>{});
+    if (group <= 2) return f(std::integral_constant<int, 2>{});
+    if (group <= 4) return f(std::integral_constant<int, 4>{});
+    return f(std::integral_constant<int, 8>{});
+}
 
 // Number of CUDA devices, 0 when there is no driver or device (never throws).
 int cuda_device_count();

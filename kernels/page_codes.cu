@@ -264,8 +264,6 @@ __global__ void __launch_bounds__(kThreads, (CodeCfg<D, GT, INT4>::MIN_BLOCKS)) 
 // ---------------------------------------------------------------------------------------------------------------------
 // Host-side dispatch
 // ---------------------------------------------------------------------------------------------------------------------
-int pow2_group(int g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8; }
-
 template <int D, int GT, bool INT4>
 void launch_code_scores(float* scores, const __half* q, const KvLayerView& kv, const PageCodesView& c,
                         const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
@@ -294,37 +292,23 @@ void launch_code_scores(float* scores, const __half* q, const KvLayerView& kv, c
                static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum));
 }
 
-template <int D, bool INT4>
-void launch_code_scores_d(float* scores, const __half* q, const KvLayerView& kv, const PageCodesView& c,
-                          const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
-    switch (pow2_group(num_heads / kv.num_kv_heads)) {
-        case 1: return launch_code_scores<D, 1, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        case 2: return launch_code_scores<D, 2, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        case 4: return launch_code_scores<D, 4, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        default:
-            return launch_code_scores<D, kMaxGroupTile, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy,
-                                                              stream);
-    }
-}
-
+// Every head_dim and query-head tile (with_head_dim / with_group_tile, kernels/cuda_common.cuh); int4 codes need
+// head_dim >= 16 (require_page_codes_supported refuses 8 before this).
 template <bool INT4>
 void launch_code_scores_any(float* scores, const __half* q, const KvLayerView& kv, const PageCodesView& c,
                             const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream) {
-    switch (kv.head_dim) {
-        case 8:
-            if constexpr (!INT4) return launch_code_scores_d<8, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget,
-                                                                       policy, stream);
-            break;
-        case 16: return launch_code_scores_d<16, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        case 32: return launch_code_scores_d<32, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        case 64: return launch_code_scores_d<64, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        case 128:
-            return launch_code_scores_d<128, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        case 256:
-            return launch_code_scores_d<256, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget, policy, stream);
-        default: break;
-    }
-    QUEST_REQUIRE(false, "quest_code_scores: unsupported head_dim");
+    static_assert(kMaxGroupTile == 8, "with_group_tile's largest tile");
+    with_head_dim(kv.head_dim, "quest_code_scores", [&](auto d) {
+        constexpr int D = decltype(d)::value;
+        if constexpr (INT4 && D < 16) {
+            QUEST_REQUIRE(false, "quest_code_scores: int4 page codes need head_dim >= 16");
+        } else {
+            with_group_tile(num_heads / kv.num_kv_heads, [&](auto gt) {
+                launch_code_scores<D, decltype(gt)::value, INT4>(scores, q, kv, c, d_pos, num_heads, page_budget,
+                                                                 policy, stream);
+            });
+        }
+    });
 }
 
 void require_views(const PageCodesView& c, const KvLayerView& kv) {

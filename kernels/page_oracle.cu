@@ -240,14 +240,9 @@ void oracle_page_lse(float* lse, const __half* q, const KvLayerView& kv, const i
                   "max_pages * page_size must fit in capacity");
     QUEST_REQUIRE(is_aligned(kv.k, 16) && is_aligned(q, 16), "the K cache and q must be 16-byte aligned");
     QUEST_REQUIRE(std::isfinite(scale) && scale > 0.0f, "scale must be positive and finite");
-    switch (kv.head_dim) {
-        case 8: return launch_lse_d<8>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
-        case 16: return launch_lse_d<16>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
-        case 32: return launch_lse_d<32>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
-        case 64: return launch_lse_d<64>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
-        case 128: return launch_lse_d<128>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
-        default: return launch_lse_d<256>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
-    }
+    with_head_dim(kv.head_dim, "oracle_lse", [&](auto d) {
+        launch_lse_d<decltype(d)::value>(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
+    });
 }
 
 void oracle_row_scores(float* scores, float* mass, const float* lse, const int* d_pos, int num_heads,

@@ -1194,8 +1194,6 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
 // ---------------------------------------------------------------------------------------------------------------------
 // Host-side dispatch
 // ---------------------------------------------------------------------------------------------------------------------
-int pow2_group(int g) { return g <= 1 ? 1 : g <= 2 ? 2 : g <= 4 ? 4 : 8; }
-
 // scores: [rows][max_pages]; selected / tickets: the fused kernel's outputs and its per-KV-head ticket counters
 // (nullptr when !FUSED).
 template <int D, int GT, bool FUSED>
@@ -1227,50 +1225,17 @@ void launch_scores(float* scores, int* selected, int* tickets, const __half* q, 
                static_cast<int>(policy == GqaPolicy::KvSum), ra);
 }
 
-template <int D, bool FUSED>
-void launch_scores_d(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
-                     const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, const RopeArgs& ra,
-                     cudaStream_t stream) {
-    switch (pow2_group(num_heads / kv.num_kv_heads)) {
-        case 1:
-            return launch_scores<D, 1, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              ra, stream);
-        case 2:
-            return launch_scores<D, 2, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              ra, stream);
-        case 4:
-            return launch_scores<D, 4, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              ra, stream);
-        default:
-            return launch_scores<D, 8, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                              ra, stream);
-    }
-}
-
+// Every head_dim and query-head tile (with_head_dim / with_group_tile, kernels/cuda_common.cuh).
 template <bool FUSED>
 void launch_scores_any(float* scores, int* selected, int* tickets, const __half* q, const KvLayerView& kv,
                        const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, const RopeArgs& ra,
                        cudaStream_t stream) {
-    switch (kv.head_dim) {
-        case 8:
-            return launch_scores_d<8, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               ra, stream);
-        case 16:
-            return launch_scores_d<16, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               ra, stream);
-        case 32:
-            return launch_scores_d<32, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               ra, stream);
-        case 64:
-            return launch_scores_d<64, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               ra, stream);
-        case 128:
-            return launch_scores_d<128, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               ra, stream);
-        default:
-            return launch_scores_d<256, FUSED>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy,
-                                               ra, stream);
-    }
+    with_head_dim(kv.head_dim, "Quest page scores", [&](auto d) {
+        with_group_tile(num_heads / kv.num_kv_heads, [&](auto gt) {
+            launch_scores<decltype(d)::value, decltype(gt)::value, FUSED>(scores, selected, tickets, q, kv, d_pos,
+                                                                          num_heads, page_budget, policy, ra, stream);
+        });
+    });
 }
 
 struct AttnArgs {
@@ -1304,15 +1269,12 @@ void launch_attention(const AttnArgs& a) {
                a.pages_per_split, a.max_splits, static_cast<int>(per_head), a.scale * 1.4426950408889634f);
 }
 
-template <int D>
-void launch_attention_d(const AttnArgs& a) {
-    const int hb = a.policy == GqaPolicy::PerHead ? 1 : pow2_group(a.num_heads / a.kv->num_kv_heads);
-    switch (hb) {
-        case 1: return launch_attention<D, 1>(a);
-        case 2: return launch_attention<D, 2>(a);
-        case 4: return launch_attention<D, 4>(a);
-        default: return launch_attention<D, kAttnMaxHeads>(a);
-    }
+static_assert(kAttnMaxHeads == 8, "with_group_tile's largest tile");
+void launch_attention_any(const AttnArgs& a) {
+    with_head_dim(a.kv->head_dim, "Quest sparse attention", [&](auto d) {
+        with_group_tile(a.policy == GqaPolicy::PerHead ? 1 : a.num_heads / a.kv->num_kv_heads,
+                        [&](auto hb) { launch_attention<decltype(d)::value, decltype(hb)::value>(a); });
+    });
 }
 
 }  // namespace
@@ -1425,14 +1387,7 @@ void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv
                                                          kv.max_pages, page_budget, policy, ws.pages_per_split, match);
     AttnArgs a{out,   q,   &kv,          d_pos,           selected,         num_heads, page_budget, policy,
                scale, &ws, sz.pages_per_split, sz.max_splits, sz.select_stride, match,      stream};
-    switch (kv.head_dim) {
-        case 8: return launch_attention_d<8>(a);
-        case 16: return launch_attention_d<16>(a);
-        case 32: return launch_attention_d<32>(a);
-        case 64: return launch_attention_d<64>(a);
-        case 128: return launch_attention_d<128>(a);
-        default: return launch_attention_d<256>(a);
-    }
+    launch_attention_any(a);
 }
 
 void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int* d_pos, int num_heads,
