@@ -106,17 +106,6 @@ QUEST_HD inline float qc_bits_to_float(uint32_t b) {
     return f;
 #endif
 }
-// __byte_perm(x, y, s): byte n of the result is byte (s >> 4n) & 7 of the 8 bytes {y:x} (selectors 0-7 only).
-QUEST_HD inline uint32_t qc_byte_perm(uint32_t x, uint32_t y, uint32_t sel) {
-#ifdef __CUDA_ARCH__
-    return __byte_perm(x, y, sel);
-#else
-    const uint64_t v = (static_cast<uint64_t>(y) << 32) | x;
-    uint32_t r = 0;
-    for (int n = 0; n < 4; ++n) r |= static_cast<uint32_t>((v >> (8 * ((sel >> (4 * n)) & 7u))) & 0xFFu) << (8 * n);
-    return r;
-#endif
-}
 
 // ---------------------------------------------------------------- the quantization rule
 
@@ -218,7 +207,7 @@ QUEST_HD inline uint32_t piece_mask_word(const float* q) {
 // Byte k of w, an offset-binary code b = c + bias (bias 128 or 8), as the float c, exactly: the bits 0x4B0000bb
 // are the float 2^23 + b, and magic = 2^23 + bias is exact too (a byte permute and an add: I2F is quarter-rate).
 QUEST_HD inline float code_byte(uint32_t w, int k, float magic) {
-    return qc_sub(qc_bits_to_float(qc_byte_perm(w, 0x4B000000u, 0x7540u | static_cast<uint32_t>(k))), magic);
+    return qc_sub(qc_bits_to_float(byte_perm(w, 0x4B000000u, 0x7540u | static_cast<uint32_t>(k))), magic);
 }
 
 // acc + sum over the piece's C channels, in channel order, of q_k * (q_k >= 0 ? cmax_k : cmin_k), one FMA each

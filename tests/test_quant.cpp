@@ -214,17 +214,12 @@ TEST(Int4Layout, MagicNumberDequantizationIsExact) {
 
 // The GPU kernel's integer dot (kernels/gemv_int4.cu: x_to_i16, chunk_dot_i16, the "i16" variants), emulated on the
 // host: x in block floating point per chunk of 32 columns (xi = rint(x 2^k), k = 29 - E for the fp16 exponent field
-// E of the chunk's largest |x|), split into byte planes packed by the kernel's PRMT selectors, dotted with the code
-// bytes of words packed by int4_pack_word by dp4a. Checks what the kernel's comments claim: |xi| < 2^15, xi 2^-k ==
-// x exactly for normal x within 4 binades of the chunk's largest, |xi 2^-k - x| <= 2^-k / 2 always, and
-// 256 sum(q hi) + sum(q lo) - z sum(xi) == sum (q - z) xi (the byte order of the planes matches the codes').
+// E of the chunk's largest |x|), split into byte planes packed by the kernel's PRMT selectors (byte_perm's host
+// emulation, kernels/host_device.h), dotted with the code bytes of words packed by int4_pack_word by dp4a. Checks
+// what the kernel's comments claim: |xi| < 2^15, xi 2^-k == x exactly for normal x within 4 binades of the chunk's
+// largest, |xi 2^-k - x| <= 2^-k / 2 always, and 256 sum(q hi) + sum(q lo) - z sum(xi) == sum (q - z) xi (the byte
+// order of the planes matches the codes').
 TEST(Int4Layout, IntegerDotOfBlockFloatingPointXIsExact) {
-    auto prmt = [](uint32_t a, uint32_t b, uint32_t sel) {  // PTX prmt.b32, default mode (selector bit 3 clear)
-        const uint64_t ab = uint64_t(a) | uint64_t(b) << 32;
-        uint32_t d = 0;
-        for (int i = 0; i < 4; ++i) d |= uint32_t((ab >> (8 * ((sel >> (4 * i)) & 7))) & 0xFFu) << (8 * i);
-        return d;
-    };
     auto dp4a_us = [](uint32_t a, uint32_t b, int64_t c) {  // unsigned bytes of a, signed bytes of b
         for (int i = 0; i < 4; ++i) c += int64_t((a >> (8 * i)) & 0xFFu) * int64_t(int8_t((b >> (8 * i)) & 0xFFu));
         return c;
@@ -274,12 +269,12 @@ TEST(Int4Layout, IntegerDotOfBlockFloatingPointXIsExact) {
         int64_t hs = 0, ls = 0, want = 0;
         for (int j = 0; j < 4; ++j) {  // piece j: columns 8j .. 8j + 7, one code word
             const int* v = xi + 8 * j;
-            const uint32_t a04 = prmt(uint32_t(v[0]), uint32_t(v[4]), 0x4051u),
-                           a15 = prmt(uint32_t(v[1]), uint32_t(v[5]), 0x4051u);
-            const uint32_t a26 = prmt(uint32_t(v[2]), uint32_t(v[6]), 0x4051u),
-                           a37 = prmt(uint32_t(v[3]), uint32_t(v[7]), 0x4051u);
-            const uint32_t px = prmt(a04, a15, 0x5410u), py = prmt(a26, a37, 0x5410u);
-            const uint32_t pz = prmt(a04, a15, 0x7632u), pw = prmt(a26, a37, 0x7632u);
+            const uint32_t a04 = byte_perm(uint32_t(v[0]), uint32_t(v[4]), 0x4051u),
+                           a15 = byte_perm(uint32_t(v[1]), uint32_t(v[5]), 0x4051u);
+            const uint32_t a26 = byte_perm(uint32_t(v[2]), uint32_t(v[6]), 0x4051u),
+                           a37 = byte_perm(uint32_t(v[3]), uint32_t(v[7]), 0x4051u);
+            const uint32_t px = byte_perm(a04, a15, 0x5410u), py = byte_perm(a26, a37, 0x5410u);
+            const uint32_t pz = byte_perm(a04, a15, 0x7632u), pw = byte_perm(a26, a37, 0x7632u);
             const uint32_t w = int4_pack_word(q + 8 * j);
             const uint32_t c0 = w & 0x0F0F0F0Fu, c1 = (w >> 4) & 0x0F0F0F0Fu;
             hs = dp4a_us(c1, py, dp4a_us(c0, px, hs));
