@@ -126,15 +126,34 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // layout of the stream kernel, same size), xc[c] = {sx * factor, sum(xi) as int bits}. Thread i of the block takes
 // 16-byte piece i & 3 of chunk i >> 2 (four neighbouring lanes: one chunk; max and sum by two shuffles each). A NaN
 // or infinite x makes the chunk's sx NaN, so it reaches the output as in the fp16 kernels.
+//
+// In two parts, so that the loads of a thread's first kXPre pieces (x_i16_preload: pieces tid + k THREADS, all of x
+// at 4096 columns and 256 threads) are in flight while the caller waits for something else (the fused norm's partial
+// sums, whose factor only scales xc): one dependent round trip to L2 instead of two. x_to_i16 converts them and
+// loads and converts any further pieces.
+constexpr int kXPre = 2;
+template <int THREADS>
+__device__ __forceinline__ void x_i16_preload(const __half* __restrict__ x, int chunks, uint4 (&pre)[kXPre]) {
+    const uint4* xv = reinterpret_cast<const uint4*>(x);
+#pragma unroll
+    for (int k = 0; k < kXPre; ++k) {
+        const int i = k * THREADS + static_cast<int>(threadIdx.x);
+        pre[k] = i < chunks * 4 ? xv[i] : make_uint4(0, 0, 0, 0);
+    }
+}
 template <int THREADS>
 __device__ __forceinline__ void x_to_i16(const __half* __restrict__ x, int chunks, float factor, uint4* xs,
-                                         float2* xc) {
+                                         float2* xc, const uint4 (&pre)[kXPre]) {
     const uint4* xv = reinterpret_cast<const uint4*>(x);
     const int n4 = chunks * 4;
     for (int base = 0; base < n4; base += THREADS) {  // uniform trip count: whole warps shuffle
         const int i = base + static_cast<int>(threadIdx.x);
         const bool in = i < n4;
-        const uint4 v = in ? xv[i] : make_uint4(0, 0, 0, 0);
+        uint4 v = pre[kXPre - 1];
+#pragma unroll
+        for (int k = 0; k < kXPre - 1; ++k)
+            if (base == k * THREADS) v = pre[k];
+        if (base >= kXPre * THREADS) v = in ? xv[i] : make_uint4(0, 0, 0, 0);
         const __half2* h = reinterpret_cast<const __half2*>(&v);
         __half2 m2 = __hmax2_nan(__hmax2_nan(__habs2(h[0]), __habs2(h[1])), __hmax2_nan(__habs2(h[2]), __habs2(h[3])));
         m2 = __hmax2_nan(m2, u32_as_half2(__shfl_xor_sync(0xffffffffu, half2_as_u32(m2), 1)));
@@ -360,10 +379,12 @@ __global__ void __launch_bounds__(W * 32, MINW / W)
     // after rms_norm: the residual stream's massive activations (|x| ~ 2.5K in Llama-2-7B) times 8 codes of up to 15
     // would overflow fp16. The row sums then need no factor.
     constexpr bool kNormIn = E == GemvEpilogue::Scale || E == GemvEpilogue::SwiGLU;
+    [[maybe_unused]] uint4 xpre[kXPre];
+    if constexpr (I16) x_i16_preload<W * 32>(x, chunks, xpre);  // in flight with the partial sums' loads
     [[maybe_unused]] float inv_in = 1.0f;
     if constexpr (kNormIn) inv_in = epi_inv_rms(e.norm, epi_partials_share(e.norm));  // every thread: barriers
     if constexpr (I16) {
-        x_to_i16<W * 32>(x, chunks, inv_in, xs, xc);
+        x_to_i16<W * 32>(x, chunks, inv_in, xs, xc, xpre);
     } else {
         const uint4* xv = reinterpret_cast<const uint4*>(x);
         for (int i = threadIdx.x; i < chunks * 4; i += W * 32) {
