@@ -114,14 +114,6 @@ __device__ __forceinline__ float chunk_dot_i16(uint4 q, uint32_t scale_bits, uin
     return fmaf(scale * xc.x, static_cast<float>(t), acc);
 }
 
-// PRMT as inline PTX: byte_perm (kernels/host_device.h, __byte_perm) computes the same bytes, but ptxas schedules
-// the i16 kernels differently with it (SASS of 7 kernels changed); this form is the one measured (ninth session).
-__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
-    uint32_t d;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
-    return d;
-}
-
 // x (fp16, cols) into the form of chunk_dot_i16 in shared memory: xs[j * chunks + c] = piece j of chunk c (the fp16
 // layout of the stream kernel, same size), xc[c] = {sx * factor, sum(xi) as int bits}. Thread i of the block takes
 // 16-byte piece i & 3 of chunk i >> 2 (four neighbouring lanes: one chunk; max and sum by two shuffles each). A NaN
@@ -173,13 +165,13 @@ __device__ __forceinline__ void x_to_i16(const __half* __restrict__ x, int chunk
         sum += __shfl_xor_sync(0xffffffffu, sum, 1);
         sum += __shfl_xor_sync(0xffffffffu, sum, 2);
         // xi[2j], xi[2j + 1] are columns 2j, 2j + 1: {hi, hi, lo, lo} of columns (0, 4), (1, 5), (2, 6), (3, 7).
-        const uint32_t a04 = prmt(xi[0], xi[4], 0x4051u), a15 = prmt(xi[1], xi[5], 0x4051u);
-        const uint32_t a26 = prmt(xi[2], xi[6], 0x4051u), a37 = prmt(xi[3], xi[7], 0x4051u);
+        const uint32_t a04 = byte_perm(xi[0], xi[4], 0x4051u), a15 = byte_perm(xi[1], xi[5], 0x4051u);
+        const uint32_t a26 = byte_perm(xi[2], xi[6], 0x4051u), a37 = byte_perm(xi[3], xi[7], 0x4051u);
         uint4 o;
-        o.x = prmt(a04, a15, 0x5410u);  // hi 0 4 1 5
-        o.y = prmt(a26, a37, 0x5410u);  // hi 2 6 3 7
-        o.z = prmt(a04, a15, 0x7632u);  // lo 0 4 1 5
-        o.w = prmt(a26, a37, 0x7632u);  // lo 2 6 3 7
+        o.x = byte_perm(a04, a15, 0x5410u);  // hi 0 4 1 5
+        o.y = byte_perm(a26, a37, 0x5410u);  // hi 2 6 3 7
+        o.z = byte_perm(a04, a15, 0x7632u);  // lo 0 4 1 5
+        o.w = byte_perm(a26, a37, 0x7632u);  // lo 2 6 3 7
         if (in) {
             xs[(i & 3) * chunks + (i >> 2)] = o;
             if ((i & 3) == 0) xc[i >> 2] = make_float2(sx * factor, __int_as_float(sum));
