@@ -91,10 +91,10 @@ void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
 // the search early when that bin is taken whole. Then, with the threshold T (masked to the resolved bits) and `need` =
 // how many keys equal to T to take, a stable compaction in index order writes every key > T and the first `need` keys
 // == T (lowest page ids) at their ascending-order positions (an exclusive block scan of packed (greater, equal)
-// counts). No page cap. That is topk_select_row: any row length, and the fused kernel's select. quest_top_k runs
-// topk_select_row_reg (below) when the row stride is at most 8192 (128K tokens at S = 16): the same select with the
-// keys in registers and fewer dependent steps (H200, 32K, B = 2048: 4.2 us on the critical path of a graph of Quest
-// layers instead of 6.0; docs/measurements.md, sixth session).
+// counts). No page cap. That is topk_select_row: any row length (the fused kernel's select beyond 2,048 candidates).
+// quest_top_k runs topk_select_row_reg (below) when the row stride is at most 8192 (128K tokens at S = 16): the same
+// select with the keys in registers and fewer dependent steps (H200, 32K, B = 2048: 4.2 us on the critical path of a
+// graph of Quest layers instead of 6.0; docs/measurements.md, sixth session); so does the fused kernel up to 2,048.
 // ---------------------------------------------------------------------------------------------------------------------
 #ifndef QUEST_TOPK_MATCH
 #define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
@@ -418,10 +418,13 @@ struct TopkRegSmem {
     int need;                                // gather: keys equal to T to take
 };
 
-template <int KPT>
+// THREADS: the block (kTopkThreads in the top-k kernel, kScoreThreads in the fused scoring's tail); sm is sized for
+// kTopkThreads, the largest.
+template <int THREADS, int KPT>
 __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[KPT], int n, int k,
                                     TopkRegSmem& sm) {
-    constexpr int THREADS = kTopkThreads, WARPS = kTopkWarps, BINS = kTopkRegBins;
+    constexpr int WARPS = THREADS / 32, BINS = kTopkRegBins;
+    static_assert(THREADS <= kTopkThreads, "TopkRegSmem is sized for kTopkThreads");
     constexpr int EPL = KPT * WARPS / 32;  // compaction entries per lane
     static_assert(KPT >= 2 && KPT <= kTopkRegMaxKpt && KPT * WARPS % 32 == 0 && BINS % (THREADS * 4) == 0, "shape");
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -559,7 +562,7 @@ __device__ __forceinline__ void top_k_row(int* __restrict__ out, const float* __
     }
     if constexpr (KPT > 0) {
         __shared__ TopkRegSmem sm;
-        topk_select_row_reg<KPT>(out, pre, n, k, sm);
+        topk_select_row_reg<kTopkThreads, KPT>(out, pre, n, k, sm);
     } else {
         extern __shared__ uint32_t s_cache[];  // [score_stride] when cache
         __shared__ int s_hist[kTopkBins];
@@ -640,9 +643,11 @@ struct ScoreCfg {
 // FUSED: also the top-k (section 2) of every selection row, in the tail of the scoring: per KV head a ticket counter
 // (tickets[kvh], zero before the launch) counts the finished items of that head; the block finishing its last item
 // publishes (fence + ticket), and the block that draws the last ticket resets the counter, drains its cp.async ring,
-// runs topk_select_row for the head's rows (1 for KvMax/KvSum, G for PerHead) with the ring as shared memory (the
-// 2048-bin histogram, then the keys when they fit), writes selected[row][0 .. K) as quest_top_k does, and refills
-// its ring to go on with its next item. Dense steps write selected[row][i] = i (i < P) for every row.
+// runs the select for the head's rows (1 for KvMax/KvSum, G for PerHead) with the ring as shared memory:
+// topk_select_row_reg (keys in registers, KPT = 16) up to 2,048 candidates when its TopkRegSmem fits the ring,
+// otherwise topk_select_row (the 2048-bin histogram, then the keys when they fit); writes selected[row][0 .. K) as
+// quest_top_k does, and refills its ring to go on with its next item. Dense steps write selected[row][i] = i
+// (i < P) for every row.
 template <int D, int GT, bool FUSED>
 __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     float* __restrict__ scores, int* __restrict__ selected, int* __restrict__ tickets, const __half* __restrict__ q,
@@ -870,9 +875,25 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
                     const int r0 = per_head ? kvh * G : kvh, nr = per_head ? G : 1;
                     for (int r = r0; r < r0 + nr; ++r) {
                         int* out = selected + static_cast<size_t>(r) * page_budget;
+                        const float* row = scores + static_cast<size_t>(r) * max_pages;
                         if (tid == 0) out[k] = P - 1;
-                        if (k > 0) topk_select_row<kScoreThreads>(out, scores + static_cast<size_t>(r) * max_pages,
-                                                                  n, k, sm);
+                        if (k == 0) continue;
+                        // The keys in registers (up to 2,048 candidates: 32K tokens at S = 16) when the ring holds
+                        // the select's shared memory (head_dim >= 16), as the top-k kernel's register select.
+                        constexpr bool kRegFits = sizeof(TopkRegSmem) <= C::RING_BYTES;
+                        if (kRegFits && n <= kScoreThreads * kTopkRegMaxKpt) {
+                            float key[kTopkRegMaxKpt];
+#pragma unroll
+                            for (int u = 0; u < kTopkRegMaxKpt; ++u) {
+                                const int i = u * kScoreThreads + tid;
+                                key[u] = i < n ? ld_score(row + i) : 0.0f;
+                            }
+                            topk_select_row_reg<kScoreThreads, kTopkRegMaxKpt>(
+                                out, key, n, k, *reinterpret_cast<TopkRegSmem*>(smem));
+                            __syncthreads();  // its shared memory is free (the next row, or the ring's refill)
+                        } else {
+                            topk_select_row<kScoreThreads>(out, row, n, k, sm);
+                        }
                     }
                     __syncthreads();  // the ring is free again: refetch the stages in flight
 #pragma unroll

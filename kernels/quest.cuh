@@ -110,13 +110,15 @@ void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, co
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
                  int page_budget, cudaStream_t stream, const MatchedBudget& match = {}, int select_stride = 0);
 
-// Steps 1 and 2 in one launch (the path quest_decode takes by default): quest_page_scores, and in the same grid the
-// selection of quest_top_k with score_stride = kv.max_pages, written to selected with the same contents (identical
-// pages; the same entries written, dense steps included). The block that scores the last tile of a KV head runs the
-// radix select of that head's rows (the other blocks go on scoring), so the top-k overlaps the scoring and costs
-// no launch. The select runs on the block's 128 threads with the keys in the block's cp.async ring (up to ring
-// bytes / 4 - 2048 candidates: 22,528 at head_dim 64 and 128, 14,336 at 256, 1,024 at 8); longer rows re-read the
-// keys from L2 each pass (correct, slower). tickets: [num_kv_heads] ints, zero before the launch and left zero
+// Steps 1 and 2 in one launch (QuestDecodeOptions::fused; measured slower than the separate launches, the default):
+// quest_page_scores, and in the same grid the selection of quest_top_k with score_stride = kv.max_pages, written to
+// selected with the same contents (identical pages; the same entries written, dense steps included). The block that
+// scores the last tile of a KV head runs the radix select of that head's rows (the other blocks go on scoring), so
+// the top-k overlaps the scoring and costs no launch. The select runs on the block's 128 threads: up to 2,048
+// candidates (32K tokens at S = 16) with the keys in registers and its histogram in the block's cp.async ring (the
+// top-k kernel's register select; head_dim >= 16), otherwise with the keys in the ring (up to ring bytes / 4 - 2048
+// candidates: 22,528 at head_dim 64 and 128, 14,336 at 256, 1,024 at 8); longer rows re-read the keys from L2 each
+// pass (correct, slower). tickets: [num_kv_heads] ints, zero before the launch and left zero
 // (QuestWorkspace::counters + num_heads). scores is scratch here (rows x kv.max_pages floats, written then read by
 // the same grid). Each block triggers the dependent launch (pdl_trigger) once its scoring is done, so the attention
 // kernel's blocks are resident, waiting in pdl_wait, while the last selections finish.
@@ -137,8 +139,9 @@ void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv
 // How quest_decode launches its steps (benchmarks and tests compare the paths; the results are the same).
 struct QuestDecodeOptions {
     // true: quest_page_scores_top_k + attention (2 launches); false (default): the 3 separate launches. Measured on
-    // the H200 (docs/measurements.md, 2026-11-29): the fused path is slower at 32K (41 vs 31 us per layer at
-    // B = 2048): the last block of each KV head runs the select on 128 threads after the scoring, a serial tail.
+    // the H200 (docs/measurements.md, eleventh session): the fused path is slower at 32K (36.6 vs 26.8 us per layer
+    // at B = 2048 in a graph of Quest layers; whole int4 step 3.38 vs 2.57 ms): the last block of each KV head runs
+    // the select on 128 threads after the scoring, a serial tail.
     bool fused = false;
     // Non-null: score from these int8 / int4 page codes (quest_code_scores, kernels/page_codes.cuh; it also writes
     // the codes of the page the current token completes) instead of kv.kmin / kv.kmax. Not with `fused`.
