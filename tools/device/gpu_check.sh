@@ -2,19 +2,37 @@
 # One call on the GPU machine (the device tool), from the repository root, with .device-bin and .device-deps carried
 # (tools/device/stage.sh prepares them). Stages (default: all): tests sanitizer kernels bench fixtures; others on
 # request: int4, int4v (the int4 decode step once per GEMV variant: INT4_VARIANTS="0 17 25 ...", indices as
-# `quest_kernel_bench gemv4` lists them), profile, hf, quest, eval.
+# `quest_kernel_bench gemv4` lists them), profile, hf, quest, eval, ab (below).
 # Logs and JSON go to $OUT; a short table is printed last.
+#
+#   ab     whole decode steps of the old binary (.device-old/quest: `tools/device/stage.sh --old` before the change)
+#          against the new one, alternated in AB_ROUNDS rounds (default 2) in this one call, so that the machine's
+#          own drift (3-4% between H200s) does not enter the comparison. AB_ROWS: rows "weights context budget",
+#          separated by ';' (default: int4 32768 2048; int4 32768 full; int4 4096 2048; fp16 32768 2048); AB_NEW_ARGS:
+#          extra bench flags for the new binary only (e.g. a switch that turns the change on). Prints p50 ms per round
+#          and the change of the median.
 set -u
-[ -d .device-bin ] || tar xzf .device-pack/db.tgz  # stage.sh packs it (the tool carries at most 64 MiB)
+. "$(dirname "$0")/env.sh"
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=$PWD/.device-bin
 stages=${*:-tests kernels bench fixtures sanitizer}
-mkdir -p /tmp/deps
-for f in .device-deps/*.deb; do dpkg -x "$f" /tmp/deps; done
-export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-export QUEST_SOURCE_DIR=$PWD QUEST_DEMO_MODEL=$BIN/demo-random QUEST_SHARED_DIR=$BIN/shared
 summary=()
+# ab: the median of a list of p50 figures ("fail" entries skipped), and the change from the old median to the new.
+ab_median() {
+  tr ' ' '\n' <<< "$1" | grep -E '^[0-9.]+$' | sort -n |
+    awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else if (NR) print (a[NR / 2] + a[NR / 2 + 1]) / 2}'
+}
+ab_change() {
+  local o n
+  o=$(ab_median "$1")
+  n=$(ab_median "$2")
+  if [ -n "$o" ] && [ -n "$n" ]; then
+    awk -v o="$o" -v n="$n" 'BEGIN {printf "%+.2f%%", 100 * (n - o) / o}'
+  else
+    echo n/a
+  fi
+}
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 git log -1 --format='commit %h %s' 2>/dev/null | tee -a "$OUT/gpu.txt"
 
@@ -99,6 +117,29 @@ for s in $stages; do
         summary+=("eval passkey $sel: rc=$?")
       done
       ;;
+    ab)
+      [ -x .device-old/quest ] || { summary+=("ab: no .device-old/quest (tools/device/stage.sh --old)"); continue; }
+      IFS=';' read -ra rows <<< "${AB_ROWS:-int4 32768 2048;int4 32768 full;int4 4096 2048;fp16 32768 2048}"
+      : > "$OUT/ab.txt"
+      for row in "${rows[@]}"; do
+        read -r w ctx budget <<< "$row"
+        olds=() news=()
+        for r in $(seq "${AB_ROUNDS:-2}"); do
+          for side in old new; do
+            bin=$BIN/quest extra=${AB_NEW_ARGS:-}
+            [ $side = old ] && { bin=$PWD/.device-old/quest; extra=; }
+            log="$OUT/ab-$side-$w-$ctx-$budget-$r.log"
+            # shellcheck disable=SC2086
+            timeout 120 "$bin" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights "$w"               --contexts "$ctx" --budgets "$budget" --steps 64 --warmup 8 $extra > "$log" 2>&1
+            p50=$(awk '$1 == "cuda" {print $6}' "$log" | tail -1)
+            [ $side = old ] && olds+=("${p50:-fail}") || news+=("${p50:-fail}")
+          done
+        done
+        echo "$w $ctx $budget | old ${olds[*]} | new ${news[*]} | $(ab_change "${olds[*]}" "${news[*]}")" \
+          >> "$OUT/ab.txt"
+      done
+      summary+=("ab: $OUT/ab.txt (p50 ms per round; new args: '${AB_NEW_ARGS:-}')")
+      ;;
     fixtures)
       python3 tools/check_fixtures.py tests/fixtures/hf > "$OUT/fixtures.log" 2>&1
       summary+=("fixtures re-checked with the device's transformers: rc=$? $(tail -1 "$OUT/fixtures.log")")
@@ -117,4 +158,5 @@ for f in "$OUT"/bench-int4-v*.log; do [ -f "$f" ] && { echo "$f"; grep -E "decod
 [ -f "$OUT/nograph.log" ] && grep -E "^(backend|cuda)" "$OUT/nograph.log"
 for sel in quest streaming; do [ -f "$OUT/passkey-$sel.log" ] && { echo "passkey $sel"; grep -E '^ +[0-9]+ ' "$OUT/passkey-$sel.log"; }; done
 [ -f "$OUT/breakdown.log" ] && grep -E "^  [a-z]|^context|breakdown" "$OUT/breakdown.log"
+[ -f "$OUT/ab.txt" ] && { echo "A/B (weights context budget | old p50s | new p50s | change of the median):"; cat "$OUT/ab.txt"; }
 true

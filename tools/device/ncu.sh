@@ -8,17 +8,14 @@
 #   fp16   the FP16 GEMV of the same step, for comparison
 #   quest  page scores, top-k and sparse attention of one Quest layer at 32K, B=2048
 #
-# e.g. the device tool: command "bash tools/device/ncu.sh int4 quest", carry [".device-bin", ".device-deps"]
+# e.g. the device tool: command "bash tools/device/ncu.sh int4 quest", carry [".device-pack", ".device-deps"]
 set -u
-[ -d .device-bin ] || tar xzf .device-pack/db.tgz  # stage.sh packs it (the tool carries at most 64 MiB)
+. "$(dirname "$0")/env.sh"
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=${BIN:-$PWD/.device-bin}
 BIN=$(cd "$BIN" && pwd)
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
-mkdir -p /tmp/deps
-for f in .device-deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/deps; done
-export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 # NCU_EXTRA adds sections, e.g. "--section SourceCounters" (stall reasons per source line; slower).
 SECTIONS="${NCU_EXTRA:-} --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section SchedulerStats \
 --section Occupancy --section LaunchStats --section ComputeWorkloadAnalysis"

@@ -18,12 +18,12 @@
 #
 # Each phase stops cleanly before DEADLINE seconds (default 585) from the script's start (quest soak --time-limit),
 # so a 600 s call always returns its logs; a phase that ran short says how far it got.
-#   e.g. the device tool: command "bash tools/device/soak.sh quest", carry [".device-bin", ".device-deps"]
+#   e.g. the device tool: command "bash tools/device/soak.sh quest", carry [".device-pack", ".device-deps"]
 #        then                "bash tools/device/soak.sh fill limit reset full"
 # A dry run of the script on the CPU: BIN=build BACKEND=cpu SOAK_CONFIG=configs/demo-random-model.json CONTEXT=2048
 #   QUEST_TOKENS=300 FULL_START=1500 FULL_TOKENS=200 tools/device/soak.sh fill quest full   (limit/reset need a GPU)
 set -u
-[ -d .device-bin ] || tar xzf .device-pack/db.tgz  # stage.sh packs it (the tool carries at most 64 MiB)
+. "$(dirname "$0")/env.sh"
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=${BIN:-$PWD/.device-bin}
@@ -40,9 +40,6 @@ FULL_TOKENS=${FULL_TOKENS:-24000}
 phases=${*:-fill limit reset quest}
 start=$(date +%s)
 left() { echo $(( DEADLINE - ($(date +%s) - start) - 5 )); }
-mkdir -p /tmp/deps
-for f in .device-deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/deps; done
-export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 summary=()
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,driver_version --format=csv,noheader 2>/dev/null
 git log -1 --format='commit %h %s' 2>/dev/null
