@@ -1089,24 +1089,52 @@ void launch_stream_auto(float* y, const Int4View& M, const __half* x, cudaStream
         launch_stream<R, U, W, WPS>(y, M, x, stream);
 }
 
-// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run the stream kernel "stream R2 U4 W8 S16" with the
-// dot of gemv_int4_fused_variant(): fp16 (variant 5), i16 (30) or, per matrix, the "auto" rule (34, the compiled
-// default). No legacy fall-back: the launchers require x in shared memory (gemv_int4_fused_available).
-constexpr int kFusedR = 2, kFusedU = 4, kFusedW = 8, kFusedWPS = 16, kFusedMINW = 16;
+// The kernels of the "auto" rules (8 warps per block, at most 16 per SM): the fp16 dot at R2 U4 (variant 5), the i16
+// dot at R2 U4 (30) or at R4 U2 (31: four rows share each piece of x read from shared memory, two chunks per row in
+// flight). "auto R4" (35, the compiled default) takes R4 U2 where every warp gets at least two tiles of 4 rows (the
+// 22016-row gate+up of the 7B shape: 77.5-78.0% against 73.7-74.3% at R2 U4, 16 launches back to back, twelfth
+// session), else the rule of "auto" (34). On the 12288-row qkv R4 U2 measured 61% against 66% (1.45 tiles of 4 rows
+// per warp: the last round is half empty).
+enum class StreamKind { Fp16R2, I16R2, I16R4 };
+StreamKind auto_kind(const Int4View& M, bool r4) {
+    if (r4 && i16_pays(M, 4, 16)) return StreamKind::I16R4;
+    return i16_pays(M, 2, 16) ? StreamKind::I16R2 : StreamKind::Fp16R2;
+}
+int kind_rows(StreamKind k) { return k == StreamKind::I16R4 ? 4 : 2; }
 
-bool fused_i16(const Int4View& M);  // the fused launch on M runs the i16 kernel (below)
-size_t fused_smem(const Int4View& M) { return stream_smem(M, fused_i16(M)); }
+void launch_stream_auto_r4(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
+    switch (auto_kind(M, true)) {
+        case StreamKind::I16R4: return launch_stream<4, 2, 8, 16, 16, true>(y, M, x, stream);
+        case StreamKind::I16R2: return launch_stream<2, 4, 8, 16, 16, true>(y, M, x, stream);
+        case StreamKind::Fp16R2: return launch_stream<2, 4, 8, 16>(y, M, x, stream);
+    }
+}
+
+// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run the stream kernel with 8 warps per block, at most
+// 16 per SM, in the form of gemv_int4_fused_variant(): R2 U4 with the fp16 dot (variant 5) or the i16 dot (30), or per
+// matrix the rule of "auto" (34) or "auto R4" (35, the compiled default). No legacy fall-back: the launchers require x
+// in shared memory (gemv_int4_fused_available).
+constexpr int kFusedW = 8, kFusedWPS = 16, kFusedMINW = 16;
+
+StreamKind fused_kind(const Int4View& M);  // the kernel of the fused launch on M (below)
+size_t fused_smem(const Int4View& M) { return stream_smem(M, fused_kind(M) != StreamKind::Fp16R2); }
 // x (dynamic) plus the epilogue's static shared memory (block_sum_fixed, the last-block flag) within 48 KB.
 bool fused_fits(const Int4View& M) { return fused_smem(M) + 256 <= kStreamMaxSmem; }
-int fused_blocks(const Int4View& M) { return persistent_blocks(ceil_div(M.rows, kFusedR), kFusedW, kFusedWPS); }
+int fused_blocks(const Int4View& M) {
+    return persistent_blocks(ceil_div(M.rows, kind_rows(fused_kind(M))), kFusedW, kFusedWPS);
+}
 
 template <GemvEpilogue E>
 void launch_fused(float* y, const Int4View& M, const __half* x, const GemvEpi& e, cudaStream_t stream) {
-    const auto kernel = fused_i16(M)
-                            ? gemv_int4_stream_kernel<kFusedR, kFusedU, kFusedW, kFusedWPS, kFusedMINW, E, true>
-                            : gemv_int4_stream_kernel<kFusedR, kFusedU, kFusedW, kFusedWPS, kFusedMINW, E>;
-    launch_pdl(kernel, dim3(fused_blocks(M)), dim3(kFusedW * 32), fused_smem(M), stream, y, M.qweight, M.scales,
-               M.zeros, x, M.rows, M.cols, chunk_shift(M.group), e);
+    auto go = [&](auto kernel) {
+        launch_pdl(kernel, dim3(fused_blocks(M)), dim3(kFusedW * 32), fused_smem(M), stream, y, M.qweight, M.scales,
+                   M.zeros, x, M.rows, M.cols, chunk_shift(M.group), e);
+    };
+    switch (fused_kind(M)) {
+        case StreamKind::I16R4: return go(gemv_int4_stream_kernel<4, 2, kFusedW, kFusedWPS, kFusedMINW, E, true>);
+        case StreamKind::I16R2: return go(gemv_int4_stream_kernel<2, 4, kFusedW, kFusedWPS, kFusedMINW, E, true>);
+        case StreamKind::Fp16R2: return go(gemv_int4_stream_kernel<2, 4, kFusedW, kFusedWPS, kFusedMINW, E>);
+    }
 }
 
 constexpr int kAsyncMaxSmem = 100 * 1024;  // per block: x + the warps' rings
@@ -1258,19 +1286,20 @@ const Int4Variant kVariants[] = {
     {"stream R2 U4 W16 S16 i16", launch_stream<2, 4, 16, 16, 16, true>},
     // 34: variant 30 where each warp takes at least two tiles, variant 5 elsewhere (launch_stream_auto).
     {"stream R2 U4 W8 S16 auto", launch_stream_auto<2, 4, 8, 16>},
+    // 35: variant 31 where each warp takes at least two tiles of 4 rows, else as 34 (launch_stream_auto_r4).
+    {"stream R4 U2 / R2 U4 W8 S16 auto", launch_stream_auto_r4},
 };
 
-// The compiled default of gemv_int4() (an index into kVariants): "stream R2 U4 W8 S16 auto" (launch_stream_auto).
-// Before it, variant 5 ("stream R2 U4 W8 S16", the fp16 dot everywhere; H200, 7B shapes, third session: 16 launches
-// back to back qkv 66.0%, o 41.2%, gate+up 68.5%, down 58.9% of 4.2 TB/s; variant 0: 65.5 / 39.7 / 67.8 / 54.6%,
-// whole int4 step 0.6-1.2% slower). The seg and mma kernels were slower (fewer instructions per weight, fewer bytes
-// in flight).
-constexpr int kDefaultVariant = 34;
-// Variants whose kernel has the fused epilogues (launch_fused above: the same template arguments, the dot per
-// fused_i16).
-constexpr int kFusedFp16 = 5, kFusedI16 = 30, kFusedAuto = 34;
-static_assert(kFusedR == 2 && kFusedU == 4 && kFusedW == 8 && kFusedWPS == 16 && kFusedMINW == 16,
-              "launch_fused must run the kernel of variants 5 / 30 / 34, stream R2 U4 W8 S16");
+// The compiled default of gemv_int4() (an index into kVariants): "stream R4 U2 / R2 U4 W8 S16 auto"
+// (launch_stream_auto_r4; twelfth session). Before it, 34 ("auto": i16 or fp16 at R2 U4; ninth session), and before
+// that variant 5 ("stream R2 U4 W8 S16", the fp16 dot everywhere; H200, 7B shapes, third session: 16 launches back to
+// back qkv 66.0%, o 41.2%, gate+up 68.5%, down 58.9% of 4.2 TB/s; variant 0: 65.5 / 39.7 / 67.8 / 54.6%, whole int4
+// step 0.6-1.2% slower). The seg and mma kernels were slower (fewer instructions per weight, fewer bytes in flight).
+constexpr int kDefaultVariant = 35;
+// Variants whose kernels have the fused epilogues (launch_fused above: the same template arguments, per fused_kind).
+constexpr int kFusedFp16 = 5, kFusedI16 = 30, kFusedAutoR2 = 34, kFusedAuto = 35;
+static_assert(kFusedW == 8 && kFusedWPS == 16 && kFusedMINW == 16,
+              "launch_fused must run the kernels of variants 5 / 30 / 31 (W8 S16, registers for 16 warps per SM)");
 
 void check_view(const Int4View& W, const char* who) {
     QUEST_REQUIRE(W.qweight && W.scales && W.zeros && W.rows > 0 && W.cols > 0, std::string(who) + ": bad arguments");
@@ -1381,17 +1410,21 @@ void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cuda
     kVariants[v].launch(y, W, x, stream);
 }
 
-// The fused kernels follow the default variant when it is one of theirs (so that QUEST_INT4_GEMV = 5 / 30 / 34
+// The fused kernels follow the default variant when it is one of theirs (so that QUEST_INT4_GEMV = 5 / 30 / 34 / 35
 // compares whole fused steps), otherwise kFusedAuto (and the model does not use them: gemv_int4_fused_available).
 int gemv_int4_fused_variant() {
     const int d = gemv_int4_default_variant();
-    return d == kFusedFp16 || d == kFusedI16 || d == kFusedAuto ? d : kFusedAuto;
+    return d == kFusedFp16 || d == kFusedI16 || d == kFusedAutoR2 || d == kFusedAuto ? d : kFusedAuto;
 }
 
 namespace {
-bool fused_i16(const Int4View& M) {
-    const int v = gemv_int4_fused_variant();
-    return v == kFusedI16 || (v == kFusedAuto && i16_pays(M, kFusedR, kFusedWPS));
+StreamKind fused_kind(const Int4View& M) {
+    switch (gemv_int4_fused_variant()) {
+        case kFusedFp16: return StreamKind::Fp16R2;
+        case kFusedI16: return StreamKind::I16R2;
+        case kFusedAutoR2: return auto_kind(M, false);
+        default: return auto_kind(M, true);
+    }
 }
 }  // namespace
 

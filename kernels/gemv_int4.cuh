@@ -67,7 +67,9 @@ void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream
 // "async R U W P<p> S<n>": the same tiling, the codes copied by cp.async into a per-warp ring of p stages in shared
 // memory (p - 1 items in flight without holding registers).
 // "stream R U W S<n> i16": the stream kernel with the integer dot (above); "... auto": i16 where every warp of the
-// grid takes at least two tiles (the per-block conversion of x is then paid back), the fp16 dot elsewhere.
+// grid takes at least two tiles (the per-block conversion of x is then paid back), the fp16 dot elsewhere;
+// "stream R4 U2 / R2 U4 W8 S16 auto" (the compiled default): the i16 dot on tiles of 4 rows where every warp takes
+// at least two of them (the 7B gate+up), else as "auto".
 // "R U W KS" (legacy, the default before the stream kernel): R rows per warp, U loads in flight per row, W warps
 // per block, KS warps splitting a row's columns. Arithmetic: above; kernels/gemv_int4.cu has details.
 int gemv_int4_variant_count();
@@ -79,9 +81,10 @@ int gemv_int4_default_variant();
 int gemv_int4_parse_variant(const char* text);
 
 // The decode step's fused epilogues (kernels/gemv_epilogue.h), on the kernel of gemv_int4_fused_variant(): variant
-// 34 ("stream R2 U4 W8 S16 auto", the compiled default: the i16 dot for matrices of at least 2 x 16 tiles of 2 rows
-// per SM, the fp16 dot below that), or 5 / 30 (always fp16 / always i16) when QUEST_INT4_GEMV names them: the same
-// tile sums as that variant, then
+// 35 ("stream R4 U2 / R2 U4 W8 S16 auto", the compiled default: the i16 dot on 4-row tiles for matrices of at least
+// 2 x 16 such tiles per SM, else the i16 dot on 2-row tiles for at least 2 x 16 of those per SM, the fp16 dot below
+// that), or 5 / 30 / 34 (always fp16 / always i16 / the previous "auto" without 4-row tiles) when QUEST_INT4_GEMV
+// names them: the same tile sums as that variant, then
 //   gemv_int4_scaled:   y[r] = (W fp16(xg inv))[r]: the input normalised in shared memory  (qkv)
 //   gemv_int4_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i; rows even; the device layout's
 //                       permutation is per row, so the interleave is a row order):
@@ -93,7 +96,7 @@ int gemv_int4_parse_variant(const char* text);
 // gemv_int4() runs the same kernel (the default variant), which is when the model uses them (otherwise it keeps
 // rms_norm + gemv_int4 + swiglu, so that QUEST_INT4_GEMV still compares whole steps). No allocation or
 // synchronisation (graph-safe).
-int gemv_int4_fused_variant();  // the variant whose kernel they run (5, 30 or 34; 34 unless QUEST_INT4_GEMV says 5 / 30)
+int gemv_int4_fused_variant();  // the variant whose kernels they run (5, 30, 34 or 35; 35 unless QUEST_INT4_GEMV says)
 bool gemv_int4_fused_supported(const Int4View& W);
 bool gemv_int4_fused_available(const Int4View& W);
 void gemv_int4_scaled(float* y, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream);

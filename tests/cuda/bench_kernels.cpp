@@ -5,10 +5,12 @@
 //
 //   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named:
 //   all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of quest; fused:
-//   one layer's GEMVs with and without the fused epilogues)
+//   one layer's GEMVs with and without the fused epilogues). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
+//   name contains the text (e.g. one variant and shape under Nsight Compute).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -50,6 +52,12 @@ double time_ms(const std::function<void(int)>& fn, int iters = 50, int warmup = 
 }
 
 std::vector<std::string> g_json;
+
+// QUEST_BENCH_ONLY=<text>: only the int4 GEMV rows whose name contains it (e.g. to profile one kernel under ncu).
+bool selected(const std::string& name) {
+    const char* only = std::getenv("QUEST_BENCH_ONLY");
+    return only == nullptr || name.find(only) != std::string::npos;
+}
 
 void report(const std::string& what, double ms, double bytes) {
     const double gbps = bytes / (ms * 1e-3) / 1e9;
@@ -127,6 +135,7 @@ void bench_gemv_int4() {
         for (int v = 0; v < gemv_int4_variant_count(); ++v) {
             const std::string name = std::string(v == chosen ? "gemv int4 g128 " : "  int4 variant ") +
                                      std::to_string(v) + " [" + gemv_int4_variant_name(v) + "] " + s.name;
+            if (!selected(name)) continue;
             const double tv = time_ms([&](int i) {
                 const int c = i % copies;
                 gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
@@ -141,8 +150,10 @@ void bench_gemv_int4() {
             }) / 16;
             report(name + " x16", tb, bytes);
         }
+        const std::string dq = std::string("dequant int4->fp16 ") + s.name;
+        if (!selected(dq)) continue;
         const double td = time_ms([&](int i) { dequantize_int4_to_half(out.get(), view(i % copies), nullptr); });
-        report(std::string("dequant int4->fp16 ") + s.name, td, packed + size_t(s.rows) * s.cols * 2.0);
+        report(dq, td, packed + size_t(s.rows) * s.cols * 2.0);
     }
 }
 

@@ -228,8 +228,9 @@ TEST(CudaFused, ScaledGemvEqualsRmsNormThenGemv) {
     // useful bound (it can cancel to ~0).
     for (auto [rows, cols] : {std::pair{4096, 4096}, {12288, 4096}, {32000, 4096}, {4102, 136}, {5, 64}, {7, 8}})
         check_scaled(g, rows, cols, 0, 2e-3);
+    // int4 16902 rows: the default kernel's 4-row tiles (at least 2 x 16 per SM on up to 132 SMs), a partial last one.
     for (auto [rows, cols, grp] : {std::tuple{4096, 4096, 128}, {12288, 4096, 128}, {4103, 160, 32}, {9, 128, 128},
-                                   {9001, 384, 128}, {37, 192, 64}, {13, 11008, 128}})
+                                   {9001, 384, 128}, {37, 192, 64}, {13, 11008, 128}, {16902, 256, 128}})
         check_scaled(g, rows, cols, grp, 3e-3);
 }
 
@@ -237,11 +238,13 @@ TEST(CudaFused, SwigluGemvEqualsRmsNormGemvSwiglu) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(42);
     // 22016 = 2 x 11008 (Llama-2-7B gate+up); 4102 / 38 rows: the last FP16 block holds one gate/up pair; int4:
-    // more tiles than warps, one group per row.
+    // more tiles than warps, one group per row; 22016 and 16902 rows take the default kernel's 4-row tiles (16902: a
+    // last tile with one gate/up pair).
     for (auto [rows, cols] : {std::pair{22016, 4096}, {4102, 136}, {38, 40}, {18, 8}})
         check_swiglu(g, rows, cols, 0, 3e-3);
     for (auto [rows, cols, grp] :
-         {std::tuple{22016, 4096, 128}, {4102, 160, 32}, {18, 128, 128}, {9002, 384, 128}, {38, 192, 64}})
+         {std::tuple{22016, 4096, 128}, {4102, 160, 32}, {18, 128, 128}, {9002, 384, 128}, {38, 192, 64},
+          {16902, 256, 128}})
         check_swiglu(g, rows, cols, grp, 5e-3);
 }
 
@@ -260,11 +263,12 @@ TEST(CudaFused, NormGemvsWithMassiveActivations) {
 TEST(CudaFused, ResidualGemvAddsAndPreparesTheNextNorm) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(43);
-    // Llama-2-7B o (4096 x 4096) and down (4096 x 11008); odd rows; one row; more rows than warps in the int4 grid.
+    // Llama-2-7B o (4096 x 4096) and down (4096 x 11008); odd rows; one row; more rows than warps in the int4 grid;
+    // int4 16902 rows: 4-row tiles (as in the scaled test).
     for (auto [rows, cols] : {std::pair{4096, 4096}, {4096, 11008}, {4102, 136}, {1, 64}, {7, 8}})
         check_residual(g, rows, cols, 0);
     for (auto [rows, cols, grp] : {std::tuple{4096, 4096, 128}, {4096, 11008, 128}, {4103, 160, 32}, {1, 128, 128},
-                                   {9001, 384, 128}, {37, 192, 64}})
+                                   {9001, 384, 128}, {37, 192, 64}, {16902, 256, 128}})
         check_residual(g, rows, cols, grp);
 }
 
