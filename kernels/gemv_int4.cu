@@ -1070,70 +1070,65 @@ void launch_stream(float* y, const Int4View& M, const __half* x, cudaStream_t st
                M.scales, M.zeros, x, M.rows, M.cols, chunk_shift(M.group), GemvEpi{});
 }
 
-// "auto" (the compiled default): the i16 kernel where it pays, the fp16-dot kernel elsewhere. The i16 kernel converts
-// x once per block (cols / 8 pieces of ~90 instructions over the block's threads) and then spends ~25% fewer
-// instructions per item (583 instead of 779 at R2 U4); the conversion is amortised when every warp of the persistent
-// grid (at most WPS warps per SM) takes at least two tiles of R rows. With about one tile per warp (the 4096-row o
-// and down projections of the 7B shape on 132 SMs) it costs more than it saves. H200, 16 launches back to back, % of
-// 4.2 TB/s, i16 / fp16 dot: qkv 66.6 / 66.0, gate+up 74.5 / 70.0, o 41.0 / 42.1, down 54.6 / 59.5 (docs/
+// "auto" (variant 34, the default before 35): the i16 kernel where it pays, the fp16-dot kernel elsewhere. The i16
+// kernel converts x once per block (cols / 8 pieces of ~90 instructions over the block's threads) and then spends ~25%
+// fewer instructions per item (583 instead of 779 at R2 U4); the conversion is amortised when every warp of the
+// persistent grid (at most WPS warps per SM) takes at least two tiles of R rows. With about one tile per warp (the
+// 4096-row o and down projections of the 7B shape on 132 SMs) it costs more than it saves. H200, 16 launches back to
+// back, % of 4.2 TB/s, i16 / fp16 dot: qkv 66.6 / 66.0, gate+up 74.5 / 70.0, o 41.0 / 42.1, down 54.6 / 59.5 (docs/
 // measurements.md, ninth session).
 bool i16_pays(const Int4View& M, int R, int WPS) {
     return static_cast<int64_t>(ceil_div(M.rows, R)) >= int64_t{2} * sm_count() * WPS;
 }
 
-template <int R, int U, int W, int WPS>
-void launch_stream_auto(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
-    if (i16_pays(M, R, WPS))
-        launch_stream<R, U, W, WPS, 16, true>(y, M, x, stream);
-    else
-        launch_stream<R, U, W, WPS>(y, M, x, stream);
-}
-
-// The kernels of the "auto" rules (8 warps per block, at most 16 per SM): the fp16 dot at R2 U4 (variant 5), the i16
-// dot at R2 U4 (30) or at R4 U2 (31: four rows share each piece of x read from shared memory, two chunks per row in
-// flight). "auto R4" (35, the compiled default) takes R4 U2 where every warp gets at least two tiles of 4 rows (the
-// 22016-row gate+up of the 7B shape: 77.5-78.0% against 73.7-74.3% at R2 U4, 16 launches back to back, twelfth
-// session), else the rule of "auto" (34). On the 12288-row qkv R4 U2 measured 61% against 66% (1.45 tiles of 4 rows
-// per warp: the last round is half empty).
+// The kernels of the "auto" rules (8 warps per block, at most 16 per SM; the fused epilogues run the same shapes):
+// the fp16 dot at R2 U4 (variant 5), the i16 dot at R2 U4 (30) or at R4 U2 (31: four rows share each piece of x read
+// from shared memory, two chunks per row in flight). "auto" (34) takes the i16 dot where it pays (above); "auto R4"
+// (35, the compiled default) first takes R4 U2 where every warp gets at least two tiles of 4 rows (the 22016-row
+// gate+up of the 7B shape: 77.5-78.0% against 73.7-74.3% at R2 U4, 16 launches back to back, twelfth session). On the
+// 12288-row qkv R4 U2 measured 61% against 66% (1.45 tiles of 4 rows per warp: the last round is half empty).
+constexpr int kAutoW = 8, kAutoWPS = 16, kAutoMINW = 16;
 enum class StreamKind { Fp16R2, I16R2, I16R4 };
 StreamKind auto_kind(const Int4View& M, bool r4) {
-    if (r4 && i16_pays(M, 4, 16)) return StreamKind::I16R4;
-    return i16_pays(M, 2, 16) ? StreamKind::I16R2 : StreamKind::Fp16R2;
+    if (r4 && i16_pays(M, 4, kAutoWPS)) return StreamKind::I16R4;
+    return i16_pays(M, 2, kAutoWPS) ? StreamKind::I16R2 : StreamKind::Fp16R2;
 }
 int kind_rows(StreamKind k) { return k == StreamKind::I16R4 ? 4 : 2; }
 
-void launch_stream_auto_r4(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
-    switch (auto_kind(M, true)) {
-        case StreamKind::I16R4: return launch_stream<4, 2, 8, 16, 16, true>(y, M, x, stream);
-        case StreamKind::I16R2: return launch_stream<2, 4, 8, 16, 16, true>(y, M, x, stream);
-        case StreamKind::Fp16R2: return launch_stream<2, 4, 8, 16>(y, M, x, stream);
+template <bool R4>
+void launch_stream_auto(float* y, const Int4View& M, const __half* x, cudaStream_t stream) {
+    constexpr int W = kAutoW, WPS = kAutoWPS, MINW = kAutoMINW;
+    switch (auto_kind(M, R4)) {
+        case StreamKind::I16R4: return launch_stream<4, 2, W, WPS, MINW, true>(y, M, x, stream);
+        case StreamKind::I16R2: return launch_stream<2, 4, W, WPS, MINW, true>(y, M, x, stream);
+        case StreamKind::Fp16R2: return launch_stream<2, 4, W, WPS, MINW>(y, M, x, stream);
     }
 }
 
-// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run the stream kernel with 8 warps per block, at most
-// 16 per SM, in the form of gemv_int4_fused_variant(): R2 U4 with the fp16 dot (variant 5) or the i16 dot (30), or per
-// matrix the rule of "auto" (34) or "auto R4" (35, the compiled default). No legacy fall-back: the launchers require x
-// in shared memory (gemv_int4_fused_available).
-constexpr int kFusedW = 8, kFusedWPS = 16, kFusedMINW = 16;
-
+// The fused epilogues (gemv_int4_scaled / _swiglu / _residual) run the kernels above in the form of
+// gemv_int4_fused_variant(): R2 U4 with the fp16 dot (variant 5) or the i16 dot (30), or per matrix the rule of
+// "auto" (34) or "auto R4" (35, the compiled default). No legacy fall-back: the launchers require x in shared memory
+// (gemv_int4_fused_available).
 StreamKind fused_kind(const Int4View& M);  // the kernel of the fused launch on M (below)
-size_t fused_smem(const Int4View& M) { return stream_smem(M, fused_kind(M) != StreamKind::Fp16R2); }
-// x (dynamic) plus the epilogue's static shared memory (block_sum_fixed, the last-block flag) within 48 KB.
-bool fused_fits(const Int4View& M) { return fused_smem(M) + 256 <= kStreamMaxSmem; }
-int fused_blocks(const Int4View& M) {
-    return persistent_blocks(ceil_div(M.rows, kind_rows(fused_kind(M))), kFusedW, kFusedWPS);
+size_t fused_smem(const Int4View& M, StreamKind k) { return stream_smem(M, k != StreamKind::Fp16R2); }
+int fused_blocks(const Int4View& M, StreamKind k) {
+    return persistent_blocks(ceil_div(M.rows, kind_rows(k)), kAutoW, kAutoWPS);
 }
+// x (dynamic) plus the epilogue's static shared memory (block_sum_fixed, the last-block flag) within 48 KB.
+bool fused_fits(const Int4View& M) { return fused_smem(M, fused_kind(M)) + 256 <= kStreamMaxSmem; }
 
 template <GemvEpilogue E>
 void launch_fused(float* y, const Int4View& M, const __half* x, const GemvEpi& e, cudaStream_t stream) {
+    constexpr int W = kAutoW, WPS = kAutoWPS, MINW = kAutoMINW;
+    const StreamKind k = fused_kind(M);
     auto go = [&](auto kernel) {
-        launch_pdl(kernel, dim3(fused_blocks(M)), dim3(kFusedW * 32), fused_smem(M), stream, y, M.qweight, M.scales,
+        launch_pdl(kernel, dim3(fused_blocks(M, k)), dim3(W * 32), fused_smem(M, k), stream, y, M.qweight, M.scales,
                    M.zeros, x, M.rows, M.cols, chunk_shift(M.group), e);
     };
-    switch (fused_kind(M)) {
-        case StreamKind::I16R4: return go(gemv_int4_stream_kernel<4, 2, kFusedW, kFusedWPS, kFusedMINW, E, true>);
-        case StreamKind::I16R2: return go(gemv_int4_stream_kernel<2, 4, kFusedW, kFusedWPS, kFusedMINW, E, true>);
-        case StreamKind::Fp16R2: return go(gemv_int4_stream_kernel<2, 4, kFusedW, kFusedWPS, kFusedMINW, E>);
+    switch (k) {
+        case StreamKind::I16R4: return go(gemv_int4_stream_kernel<4, 2, W, WPS, MINW, E, true>);
+        case StreamKind::I16R2: return go(gemv_int4_stream_kernel<2, 4, W, WPS, MINW, E, true>);
+        case StreamKind::Fp16R2: return go(gemv_int4_stream_kernel<2, 4, W, WPS, MINW, E>);
     }
 }
 
@@ -1285,21 +1280,21 @@ const Int4Variant kVariants[] = {
     {"stream R2 U4 W4 S16 i16", launch_stream<2, 4, 4, 16, 16, true>},
     {"stream R2 U4 W16 S16 i16", launch_stream<2, 4, 16, 16, 16, true>},
     // 34: variant 30 where each warp takes at least two tiles, variant 5 elsewhere (launch_stream_auto).
-    {"stream R2 U4 W8 S16 auto", launch_stream_auto<2, 4, 8, 16>},
-    // 35: variant 31 where each warp takes at least two tiles of 4 rows, else as 34 (launch_stream_auto_r4).
-    {"stream R4 U2 / R2 U4 W8 S16 auto", launch_stream_auto_r4},
+    {"stream R2 U4 W8 S16 auto", launch_stream_auto<false>},
+    // 35: variant 31 where each warp takes at least two tiles of 4 rows, else as 34.
+    {"stream R4 U2 / R2 U4 W8 S16 auto", launch_stream_auto<true>},
 };
 
 // The compiled default of gemv_int4() (an index into kVariants): "stream R4 U2 / R2 U4 W8 S16 auto"
-// (launch_stream_auto_r4; twelfth session). Before it, 34 ("auto": i16 or fp16 at R2 U4; ninth session), and before
+// (launch_stream_auto<true>; twelfth session). Before it, 34 ("auto": i16 or fp16 at R2 U4; ninth session), and before
 // that variant 5 ("stream R2 U4 W8 S16", the fp16 dot everywhere; H200, 7B shapes, third session: 16 launches back to
 // back qkv 66.0%, o 41.2%, gate+up 68.5%, down 58.9% of 4.2 TB/s; variant 0: 65.5 / 39.7 / 67.8 / 54.6%, whole int4
 // step 0.6-1.2% slower). The seg and mma kernels were slower (fewer instructions per weight, fewer bytes in flight).
 constexpr int kDefaultVariant = 35;
 // Variants whose kernels have the fused epilogues (launch_fused above: the same template arguments, per fused_kind).
 constexpr int kFusedFp16 = 5, kFusedI16 = 30, kFusedAutoR2 = 34, kFusedAuto = 35;
-static_assert(kFusedW == 8 && kFusedWPS == 16 && kFusedMINW == 16,
-              "launch_fused must run the kernels of variants 5 / 30 / 31 (W8 S16, registers for 16 warps per SM)");
+static_assert(kAutoW == 8 && kAutoWPS == 16 && kAutoMINW == 16,
+              "the auto rules and the fused epilogues run the kernels of variants 5 / 30 / 31 (W8 S16)");
 
 void check_view(const Int4View& W, const char* who) {
     QUEST_REQUIRE(W.qweight && W.scales && W.zeros && W.rows > 0 && W.cols > 0, std::string(who) + ": bad arguments");
@@ -1465,7 +1460,7 @@ void gemv_int4_swiglu(__half* act, const Int4View& W, const __half* xg, const No
 
 int gemv_int4_residual_partials(const Int4View& W) {
     QUEST_REQUIRE(W.rows > 0, "gemv_int4_residual_partials: bad arguments");
-    return fused_blocks(W);
+    return fused_blocks(W, fused_kind(W));
 }
 
 void gemv_int4_residual(const ResidualNorm& out, const Int4View& W, const __half* x, cudaStream_t stream) {
