@@ -2,15 +2,15 @@
 
 #include <unistd.h>
 
-#include "engine/memory.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/make_model.h"
-#include "model/quantize.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/core/memory.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/quantize.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #ifdef QUEST_HAVE_CUDA
-#include "model/llama_cuda.h"
+#include "model/cuda/llama_cuda.h"
 #endif
 
 namespace quest {

@@ -4,7 +4,8 @@
 #include <memory>
 #include <string>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
+#include "model/io/model_folder.h"
 
 namespace quest {
 

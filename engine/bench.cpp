@@ -5,11 +5,12 @@
 #include <random>
 #include <sstream>
 
-#include "kernels/quant.h"
-#include "kernels/quest.h"
-#include "model/llama_cpu.h"
-#include "model/error.h"
-#include "model/quantize.h"
+#include "kernels/linear/quant.h"
+#include "kernels/select/quest.h"
+#include "kernels/select/step_bytes.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/core/error.h"
+#include "model/io/quantize.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {

@@ -37,9 +37,9 @@ struct BenchRow {
     double tokens_per_s = 0;
     size_t bytes = 0;     // bytes one step must read (mid-run position)
     std::string selector = "quest";  // the page-selection policy (QuestSettings::policy_label; "full")
-    // The bytes model of the attention (kernels/quest.h selection_bytes: FP16 KV and metadata), per decode step,
+    // The bytes model of the attention (kernels/select/quest.h selection_bytes: FP16 KV and metadata), per decode step,
     // every layer: measured over the timed steps on the CPU backend (every selector), counted from the quest rule on
-    // CUDA (quest_step_bytes_model, engine/quest_settings.h, at the mid-run position).
+    // CUDA (quest_step_bytes_model, model/core/quest_settings.h, at the mid-run position).
     double attention_bytes = 0;
     double metadata_bytes = 0;  // the metadata part of attention_bytes
     double gbps = 0;      // bytes / p50

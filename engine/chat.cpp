@@ -3,7 +3,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/error.h"
+#include "model/core/error.h"
 
 namespace quest {
 

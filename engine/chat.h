@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"

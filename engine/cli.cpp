@@ -14,21 +14,22 @@
 #include <csignal>
 #include <unistd.h>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
+#include "model/io/model_folder.h"
 #include "engine/backend_factory.h"
 #include "engine/bench.h"
 #include "engine/chat.h"
 #include "engine/eval_cli.h"
 #include "engine/generate.h"
-#include "engine/memory.h"
+#include "model/core/memory.h"
 #include "engine/quantize_cmd.h"
-#include "engine/quest_settings.h"
+#include "model/core/quest_settings.h"
 #include "engine/sampler.h"
 #include "engine/soak.h"
 #include "engine/timing.h"
-#include "model/atomic_file.h"
-#include "model/error.h"
-#include "model/make_model.h"
+#include "model/io/atomic_file.h"
+#include "model/core/error.h"
+#include "model/io/make_model.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
@@ -163,7 +164,7 @@ void install_sigint() {
     sigaction(SIGINT, &sa, nullptr);
 }
 
-// Output files (--json, --csv) go through write_file_atomic (model/atomic_file.h): never partial, and an interrupted
+// Output files (--json, --csv) go through write_file_atomic (model/io/atomic_file.h): never partial, and an interrupted
 // or killed run leaves no temporary behind.
 
 int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::string& prompt_file, int n,

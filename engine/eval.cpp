@@ -8,9 +8,9 @@
 #include <sstream>
 
 #include "engine/sampler.h"
-#include "model/atomic_file.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
+#include "model/io/atomic_file.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
 
 namespace quest {
 

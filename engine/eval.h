@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
@@ -28,7 +28,7 @@ struct SelectionSummary {
     std::vector<std::vector<double>> per_layer_head_selected, per_layer_head_oracle;  // [layer][head] means
 };
 
-// The bytes model (kernels/quest.h selection_bytes: FP16 KV and metadata), means per decode step over every decode
+// The bytes model (kernels/select/quest.h selection_bytes: FP16 KV and metadata), means per decode step over every decode
 // step of a row (CPU backend; invalid otherwise).
 struct BytesSummary {
     bool valid = false;

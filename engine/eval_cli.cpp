@@ -9,11 +9,11 @@
 #include "engine/backend_factory.h"
 #include "engine/cli.h"
 #include "engine/eval.h"
-#include "model/atomic_file.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/io/atomic_file.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 
 namespace quest {
 
@@ -68,7 +68,7 @@ BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
 }
 
 void write_atomic(const std::string& path, const std::string& text) {
-    if (!path.empty()) write_file_atomic(path, text);  // never partial, no temporary left (model/atomic_file.h)
+    if (!path.empty()) write_file_atomic(path, text);  // never partial, no temporary left (model/io/atomic_file.h)
 }
 
 void progress(const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }

@@ -1,6 +1,6 @@
 #include "engine/generate.h"
 
-#include "model/error.h"
+#include "model/core/error.h"
 
 namespace quest {
 

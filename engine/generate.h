@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
 #include "engine/sampler.h"
 #include "engine/timing.h"
 

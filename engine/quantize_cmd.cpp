@@ -5,7 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include "engine/timing.h"
-#include "model/quantize.h"
+#include "model/io/quantize.h"
 
 namespace quest {
 

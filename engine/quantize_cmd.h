@@ -1,6 +1,6 @@
 #pragma once
 // `quest quantize -m IN -o OUT [--group G] [--awq-calib FILE]`: writes a 4-bit (quest-int4) model folder
-// (model/quantize.h) and prints what was quantized and what stayed FP16.
+// (model/io/quantize.h) and prints what was quantized and what stayed FP16.
 #include <string>
 
 namespace CLI {

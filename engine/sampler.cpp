@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/error.h"
+#include "model/core/error.h"
 
 namespace quest {
 

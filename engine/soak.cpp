@@ -7,7 +7,8 @@
 #include <sstream>
 
 #include "engine/sampler.h"
-#include "model/error.h"
+#include "model/core/error.h"
+#include "model/io/model_folder.h"
 
 namespace quest {
 

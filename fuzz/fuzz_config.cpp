@@ -11,10 +11,10 @@
 #include <limits>
 #include <string>
 
-#include "model/config.h"
-#include "model/error.h"
-#include "model/rope.h"
-#include "model/weights.h"
+#include "model/core/config.h"
+#include "model/core/error.h"
+#include "model/core/rope.h"
+#include "model/io/weights.h"
 
 using namespace quest;
 

@@ -7,9 +7,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
+#include "model/cpu/llama_cpu.h"
 #include "fuzz/fuzz_util.h"
-#include "model/error.h"
+#include "model/core/error.h"
 
 using namespace quest;
 

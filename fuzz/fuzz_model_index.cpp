@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "model/error.h"
-#include "model/safetensors.h"
+#include "model/core/error.h"
+#include "model/io/safetensors.h"
 
 using namespace quest;
 

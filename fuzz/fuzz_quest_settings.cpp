@@ -5,8 +5,8 @@
 #include <cstdlib>
 #include <string>
 
-#include "engine/quest_settings.h"
-#include "model/error.h"
+#include "model/core/quest_settings.h"
+#include "model/core/error.h"
 
 using namespace quest;
 

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
-#include "model/config.h"
-#include "model/make_model.h"
+#include "model/core/config.h"
+#include "model/io/make_model.h"
 #include "test_util.h"
 
 using namespace quest;

@@ -4,9 +4,9 @@
 
 #include <cmath>
 
-#include "model/config.h"
-#include "model/error.h"
-#include "model/rope.h"
+#include "model/core/config.h"
+#include "model/core/error.h"
+#include "model/core/rope.h"
 #include "test_util.h"
 
 using namespace quest;

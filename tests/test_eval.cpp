@@ -5,10 +5,10 @@
 #include <fstream>
 
 #include "engine/eval.h"
-#include "model/llama_cpu.h"
-#include "model/make_model.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "test_util.h"
 
 using namespace quest;

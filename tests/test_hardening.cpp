@@ -18,15 +18,15 @@
 #include <thread>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/memory.h"
-#include "model/atomic_file.h"
-#include "model/config.h"
-#include "model/error.h"
-#include "model/make_model.h"
-#include "model/llama_cpu.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/core/backend.h"
+#include "model/core/memory.h"
+#include "model/io/atomic_file.h"
+#include "model/core/config.h"
+#include "model/core/error.h"
+#include "model/io/make_model.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "test_util.h"
 
 using namespace quest;

@@ -7,13 +7,13 @@
 #include <cstring>
 #include <fstream>
 
-#include "engine/backend.h"
+#include "model/core/backend.h"
 #include "engine/generate.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/make_model.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 

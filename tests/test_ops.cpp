@@ -5,10 +5,10 @@
 #include <cstdio>
 #include <random>
 
-#include "kernels/attention.h"
-#include "kernels/basic_ops.h"
-#include "kernels/sincos.h"
-#include "model/dtype.h"
+#include "kernels/attention/attention.h"
+#include "kernels/common/basic_ops.h"
+#include "kernels/common/sincos.h"
+#include "model/core/dtype.h"
 
 using namespace quest;
 
@@ -82,7 +82,7 @@ TEST(Ops, RopeRotatesPairsHalfApart) {
     EXPECT_LT(rel_err(y, want), 1e-6);
 }
 
-// The GPU RoPE's sin / cos (kernels/sincos.h: reduction by pi/2 in double, Taylor polynomials in float) against
+// The GPU RoPE's sin / cos (kernels/common/sincos.h: reduction by pi/2 in double, Taylor polynomials in float) against
 // std::sin / std::cos in double of the same float angle: RoPE angles pos * inv_freq of a Llama-2 head (theta 1e4,
 // D = 128) at positions to 2^24 (the highest frequency, 1, crosses sincosf's slow-path bound 105615 at 105K), and
 // random angles of either sign up to 1e7 and below 1e-3. Within 2^-22 (two float ulps of 1) everywhere.

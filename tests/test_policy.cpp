@@ -12,16 +12,17 @@
 #include <set>
 
 #include "engine/eval.h"
-#include "engine/kv_cache.h"
-#include "engine/quest_settings.h"
-#include "kernels/attention.h"
-#include "kernels/quest.h"
-#include "model/dtype.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/make_model.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/cpu/kv_cache.h"
+#include "model/core/quest_settings.h"
+#include "kernels/attention/attention.h"
+#include "kernels/select/quest.h"
+#include "kernels/select/step_bytes.h"
+#include "model/core/dtype.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "test_util.h"
 
 using namespace quest;
@@ -780,7 +781,7 @@ TEST(Policy, JsonlSetRunsEveryPolicyFromOnePrefill) {
     EXPECT_THAT(jsonl_json(rows), ::testing::HasSubstr("\"kv_tokens_per_row\""));
 }
 
-// ---------------------------------------------------------------- the rules shared with the GPU (kernels/page_codes.h)
+// ---------------------------------------------------------------- the rules shared with the GPU (kernels/select/page_codes.h)
 
 // The device's page count of a bytes-matched budget (codes::step_pages, computed from the position inside the CUDA
 // graph) is quest_matched_pages + 1 on a selecting step and P on a dense one, and its maximum over the lengths is its
@@ -910,7 +911,7 @@ TEST(Policy, GpuPieceArithmeticEqualsPageScoreInt8Ref) {
 
 // quest bench's bytes columns for CUDA rows come from quest_step_bytes_model (the GPU does not count its reads): it
 // equals what the CPU backend counts for the same settings and position, with int8 / int4 metadata, bytes-matched
-// budgets (the page count of kernels/page_codes.h) and every GQA policy; the streaming and oracle selectors too.
+// budgets (the page count of kernels/select/page_codes.h) and every GQA policy; the streaming and oracle selectors too.
 TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
     const auto dir = test::temp_dir("policy_bytes_model");
     const ModelConfig c = parse_model_config(

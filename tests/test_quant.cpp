@@ -12,16 +12,16 @@
 #include <random>
 #include <sys/wait.h>
 
-#include "engine/backend.h"
-#include "kernels/basic_ops.h"
-#include "kernels/int4_layout.h"
-#include "kernels/quant.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/make_model.h"
-#include "model/quantize.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/core/backend.h"
+#include "kernels/common/basic_ops.h"
+#include "kernels/linear/int4_layout.h"
+#include "kernels/linear/quant.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/quantize.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -186,7 +186,7 @@ TEST(Int4Layout, WordHoldsEvenColumnsLowOddColumnsHigh) {
     }
 }
 
-// The GPU kernel's dequantization (kernels/gemv_int4.cu, word_to_pairs), emulated with IEEE fp16 on the host: the
+// The GPU kernel's dequantization (kernels/linear/gemv_int4.cu, word_to_pairs), emulated with IEEE fp16 on the host: the
 // magic-number constants give (q - z) exactly for every code and zero point.
 TEST(Int4Layout, MagicNumberDequantizationIsExact) {
     auto lo = [](uint32_t h) { return half_to_float(uint16_t(h & 0xFFFFu)); };
@@ -212,10 +212,10 @@ TEST(Int4Layout, MagicNumberDequantizationIsExact) {
     }
 }
 
-// The GPU kernel's integer dot (kernels/gemv_int4.cu: x_to_i16, chunk_dot_i16, the "i16" variants), emulated on the
+// The GPU kernel's integer dot (kernels/linear/gemv_int4.cu: x_to_i16, chunk_dot_i16, the "i16" variants), emulated on the
 // host: x in block floating point per chunk of 32 columns (xi = rint(x 2^k), k = 29 - E for the fp16 exponent field
 // E of the chunk's largest |x|), split into byte planes packed by the kernel's PRMT selectors (byte_perm's host
-// emulation, kernels/host_device.h), dotted with the code bytes of words packed by int4_pack_word by dp4a. Checks
+// emulation, kernels/common/host_device.h), dotted with the code bytes of words packed by int4_pack_word by dp4a. Checks
 // what the kernel's comments claim: |xi| < 2^15, xi 2^-k == x exactly for normal x within 4 binades of the chunk's
 // largest, |xi 2^-k - x| <= 2^-k / 2 always, and 256 sum(q hi) + sum(q lo) - z sum(xi) == sum (q - z) xi (the byte
 // order of the planes matches the codes').
@@ -289,13 +289,13 @@ TEST(Int4Layout, IntegerDotOfBlockFloatingPointXIsExact) {
 }
 
 // What the integer dot costs and buys in accuracy, on a host emulation of both GPU arithmetics (the fp16 dot:
-// (q - z) x in fp16 with fp16 sums of 8 products, kernels/gemv_int4.cu chunk_dot; the integer dot: x in block
+// (q - z) x in fp16 with fp16 sums of 8 products, kernels/linear/gemv_int4.cu chunk_dot; the integer dot: x in block
 // floating point per 32 columns, exact sums) against a double reference: 256 int4 rows x 4096 columns, group 128,
 // x ~ N(0, 0.03) in fp16 with one outlier channel (a normalised "massive activation"). The integer dot is 3-40x more
 // accurate when the outlier's weights are ordinary, about as accurate when they are the smallest nonzero (codes
 // z +- 1), and worse when they are exactly zero in every row (codes equal to the zero point): then the outlier's 31
 // neighbours in its chunk, 2^11 .. 2^13 below it, carry the output with 4 .. 2 bits. Printed, and bounded here as
-// kernels/gemv_int4.cuh states.
+// kernels/linear/gemv_int4.cuh states.
 TEST(Int4Layout, IntegerDotErrorAgainstTheFp16DotWithAnOutlier) {
     auto h = [](float x) { return half_to_float(float_to_half(x)); };
     const int rows = 256, cols = 4096, outc = 1415;
@@ -356,7 +356,7 @@ TEST(Int4Layout, IntegerDotErrorAgainstTheFp16DotWithAnOutlier) {
     }
 }
 
-// The CUDA device layout (kernels/int4_layout.h): per row, a permutation of the 16-byte chunks that puts chunk j of
+// The CUDA device layout (kernels/linear/int4_layout.h): per row, a permutation of the 16-byte chunks that puts chunk j of
 // segments 32 b .. 32 b + n_b - 1 (S chunks of one group each) at n_b consecutive slots; the identity for group 32.
 TEST(Int4DeviceLayout, ChunkSlotsArePerRowPermutationsWithCoalescedRuns) {
     for (int group : {32, 64, 128, 256, 4096}) {

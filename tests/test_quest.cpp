@@ -8,12 +8,12 @@
 #include <random>
 #include <set>
 
-#include "engine/kv_cache.h"
-#include "engine/quest_settings.h"
-#include "kernels/attention.h"
+#include "model/cpu/kv_cache.h"
+#include "model/core/quest_settings.h"
+#include "kernels/attention/attention.h"
 #include "cuda/cuda_model_util.h"  // compare_selections (host code, used by the CUDA model tests)
-#include "kernels/quest.h"
-#include "model/error.h"
+#include "kernels/select/quest.h"
+#include "model/core/error.h"
 
 using namespace quest;
 

@@ -11,15 +11,16 @@
 
 #include <sys/wait.h>
 
-#include "engine/backend.h"
-#include "engine/memory.h"
-#include "engine/quest_settings.h"
-#include "model/config.h"
-#include "model/error.h"
-#include "model/make_model.h"
-#include "model/rope.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/core/backend.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/core/memory.h"
+#include "model/core/quest_settings.h"
+#include "model/core/config.h"
+#include "model/core/error.h"
+#include "model/io/make_model.h"
+#include "model/core/rope.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "test_util.h"
 
 using namespace quest;

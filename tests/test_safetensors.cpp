@@ -1,6 +1,6 @@
 // Tests of the safetensors reader, the model-folder loader and the writer. Malformed files are built by hand from raw
 // bytes (not with write_safetensors), so that the reader is tested independently of the writer.
-#include "model/safetensors.h"
+#include "model/io/safetensors.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/error.h"
+#include "model/core/error.h"
 #include "tests/test_util.h"
 
 namespace quest {

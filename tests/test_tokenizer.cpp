@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/error.h"
+#include "model/core/error.h"
 #include "test_util.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include <sentencepiece_processor.h>
 
-#include "model/error.h"
+#include "model/core/error.h"
 
 namespace quest {
 

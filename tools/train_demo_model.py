@@ -106,7 +106,7 @@ def model_config(a, vocab):
 
 
 def quest_config_json(a, vocab):
-    """config.json as quest (model/config.cpp) and transformers both read it: Llama-2 spelling plus transformers
+    """config.json as quest (model/core/config.cpp) and transformers both read it: Llama-2 spelling plus transformers
     5's rope_parameters (the same theta)."""
     return {
         "architectures": ["LlamaForCausalLM"],

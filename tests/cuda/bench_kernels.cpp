@@ -16,13 +16,13 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention_decode.cuh"
-#include "kernels/device_buffer.h"
-#include "kernels/elementwise.cuh"
-#include "kernels/gemv.cuh"
-#include "kernels/gemv_int4.cuh"
-#include "kernels/page_codes.cuh"
-#include "kernels/quest.cuh"
+#include "kernels/attention/attention_decode.cuh"
+#include "kernels/common/device_buffer.h"
+#include "kernels/common/elementwise.cuh"
+#include "kernels/linear/gemv.cuh"
+#include "kernels/linear/gemv_int4.cuh"
+#include "kernels/select/page_codes.cuh"
+#include "kernels/select/quest.cuh"
 #include "tests/cuda/bench_read.h"
 
 using namespace quest;
@@ -193,7 +193,7 @@ void bench_read() {
 
 // The decode step's linear part of one Llama-2-7B layer (qkv, o, gate+up, down with their norms, residual adds and
 // SwiGLU; no attention), unfused (rms_norm + gemv ... + swiglu: 7 launches) against the fused GEMV epilogues
-// (kernels/gemv_epilogue.h: 4 launches), FP16 and int4 g128, time per layer with 8 layers back to back (weights
+// (kernels/linear/gemv_epilogue.h: 4 launches), FP16 and int4 g128, time per layer with 8 layers back to back (weights
 // rotated over copies past the L2).
 void bench_fused() {
     const int H = 4096, F = 11008, Q = 12288, group = 128;
@@ -445,7 +445,7 @@ void bench_quest() {
     CUDA_CHECK(cudaStreamDestroy(cap_stream));
 }
 
-// Quest scores from int8 / int4 page codes (kernels/page_codes.cuh) on the Llama-2-7B shape (32 heads, 32 KV heads,
+// Quest scores from int8 / int4 page codes (kernels/select/page_codes.cuh) on the Llama-2-7B shape (32 heads, 32 KV heads,
 // D = 128, S = 16, KvMax) at 32K and 128K tokens, against the fp16 scoring of the same metadata: GB/s counts the
 // metadata each launch must read (the complete pages' codes + scale: page_metadata_bytes per page and KV head; fp16:
 // kmin + kmax). Then one whole Quest layer with the codes (scores + top-k + attention) at B = 2048, K pages and

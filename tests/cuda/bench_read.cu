@@ -14,8 +14,8 @@
 
 #include <cstdint>
 
-#include "kernels/cuda_common.cuh"
-#include "kernels/device_utils.cuh"
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/common/device_utils.cuh"
 
 namespace quest::bench {
 namespace {
@@ -117,11 +117,11 @@ __global__ void __launch_bounds__(kBulkThreads) read_bulk_kernel(const uint4* __
     if ((threadIdx.x & 31) == 0) atomicXor(out + blockIdx.x, acc);
 }
 
-// The access pattern of a tensor-core GEMV in the per-row device layout (kernels/int4_layout.h), without its
+// The access pattern of a tensor-core GEMV in the per-row device layout (kernels/linear/int4_layout.h), without its
 // arithmetic: a matrix of rows of `row16` 16-byte slots, 16-row tiles taken by blocks of W warps, a tile's items
 // (4 KB: 16 rows x 4 slots x 4 runs) split over the warps, each lane holding one item (8 x 16 bytes) and reloading
 // each piece with the next item's right after folding it. TILED = false: lane (g, t) reads slot 128 b + 32 j + 4 m + t
-// of rows g and g + 8 (8 rows x 64 bytes per instruction: the mma variant's mapping, kernels/gemv_int4.cu);
+// of rows g and g + 8 (8 rows x 64 bytes per instruction: the mma variant's mapping, kernels/linear/gemv_int4.cu);
 // TILED = true: the same item's 4 KB stored contiguously (512 bytes per instruction, as a tile-interleaved layout
 // would give). docs/measurements.md, seventh session: the difference is 3-6 points of bandwidth.
 template <int W, bool TILED>

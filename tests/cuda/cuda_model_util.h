@@ -11,12 +11,12 @@
 #include <string>
 #include <vector>
 
-#include "engine/backend.h"
-#include "engine/quest_settings.h"
-#include "model/dtype.h"
-#include "model/llama_cpu.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "model/core/backend.h"
+#include "model/core/quest_settings.h"
+#include "model/core/dtype.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest::test {

@@ -8,14 +8,14 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda_common.cuh"
-#include "kernels/device_buffer.h"
-#include "kernels/gemv_int4.cuh"
-#include "kernels/quant.h"
-#include "kernels/quest.cuh"
-#include "kernels/quest.h"
-#include "kernels/rope.cuh"
-#include "model/dtype.h"
+#include "kernels/common/cuda_common.cuh"
+#include "kernels/common/device_buffer.h"
+#include "kernels/linear/gemv_int4.cuh"
+#include "kernels/linear/quant.h"
+#include "kernels/select/quest.cuh"
+#include "kernels/select/quest.h"
+#include "kernels/common/rope.cuh"
+#include "model/core/dtype.h"
 
 #define QUEST_REQUIRE_GPU()                                                                              \
     do {                                                                                                 \
@@ -202,7 +202,7 @@ inline void upload_page_metadata(LayerCache& c, int valid_pages) {
     c.dmax.upload(hmax);
 }
 
-// An Int4Matrix on the device, its codes repacked into the device layout (kernels/int4_layout.h) as the CUDA
+// An Int4Matrix on the device, its codes repacked into the device layout (kernels/linear/int4_layout.h) as the CUDA
 // backend does at upload.
 struct DeviceInt4 {
     DeviceBuffer<uint32_t> qweight;

@@ -1,4 +1,4 @@
-// Causal flash-attention prefill (kernels/attention_prefill.cu) against the CPU reference attention_full_ref, one
+// Causal flash-attention prefill (kernels/attention/attention_prefill.cu) against the CPU reference attention_full_ref, one
 // query row at a time. Inputs are seeded random values rounded to fp16 (to_half), so the reference sees exactly the
 // GPU's inputs; the output is poisoned with 0xFF (NaN) before each launch, so an unwritten element fails.
 //
@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cuda_test_util.h"
-#include "kernels/attention.h"
-#include "kernels/attention_prefill.cuh"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/attention_prefill.cuh"
 
 namespace quest {
 namespace {

@@ -1,4 +1,4 @@
-// The decode step's fused GEMV epilogues (kernels/gemv_epilogue.h) against the composition of the unfused kernels
+// The decode step's fused GEMV epilogues (kernels/linear/gemv_epilogue.h) against the composition of the unfused kernels
 // they replace, FP16 (gemv.cuh, variant 0's kernel) and int4 (gemv_int4.cuh, the fused variant's kernel):
 //   scaled   = rms_norm + gemv                       (qkv, lm_head)
 //   swiglu   = rms_norm + gemv + swiglu, gate and up rows interleaved (gate+up)
@@ -25,13 +25,13 @@
 
 #include "cuda_model_util.h"
 #include "cuda_test_util.h"
-#include "kernels/basic_ops.h"
-#include "kernels/elementwise.cuh"
-#include "kernels/gemv.cuh"
-#include "kernels/gemv_int4.cuh"
-#include "kernels/quant.h"
-#include "model/config.h"
-#include "model/llama_cuda.h"
+#include "kernels/common/basic_ops.h"
+#include "kernels/common/elementwise.cuh"
+#include "kernels/linear/gemv.cuh"
+#include "kernels/linear/gemv_int4.cuh"
+#include "kernels/linear/quant.h"
+#include "model/core/config.h"
+#include "model/cuda/llama_cuda.h"
 
 using namespace quest;
 using namespace quest::test;

@@ -3,7 +3,7 @@
 // dependent launch, and the CUDA backend on int4 weights against the CPU backend on the same quantized weights.
 //
 // Tolerances: the GEMV multiplies (q - z) by x in fp16 and sums 8 products in fp16 before the fp32 accumulation
-// (kernels/gemv_int4.cuh), so against the fp32 reference on the same codes it is within 3e-3 relative L2 (fp16
+// (kernels/linear/gemv_int4.cuh), so against the fp32 reference on the same codes it is within 3e-3 relative L2 (fp16
 // rounding ~5e-4 per product); the i16 variants (x in per-chunk block floating point, integer dot) are held to the
 // same bound and, where x is exactly representable, to 1e-5 of a double reference. The whole model: 2e-2 relative
 // L2 on the logits, as the FP16 backend.
@@ -16,17 +16,18 @@
 
 #include "../test_util.h"
 #include "cuda_test_util.h"
-#include "engine/backend.h"
+#include "model/core/backend.h"
+#include "model/cpu/llama_cpu.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
-#include "kernels/basic_ops.h"
-#include "kernels/elementwise.cuh"
-#include "kernels/gemv_int4.cuh"
-#include "kernels/quant.h"
-#include "model/llama_cuda.h"
-#include "model/quantize.h"
-#include "model/safetensors.h"
-#include "model/weights.h"
+#include "kernels/common/basic_ops.h"
+#include "kernels/common/elementwise.cuh"
+#include "kernels/linear/gemv_int4.cuh"
+#include "kernels/linear/quant.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/io/quantize.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace quest;
@@ -118,7 +119,7 @@ TEST(CudaInt4, GemvAtOddSizes) {
                25);
 }
 
-// Segment boundaries of the device layout (kernels/int4_layout.h) for the seg / mma variants: one group of 128
+// Segment boundaries of the device layout (kernels/linear/int4_layout.h) for the seg / mma variants: one group of 128
 // columns per row (one segment, 31 idle lanes / 3 idle lanes of 4), three groups of 64, 33 segments (a second batch
 // of one segment), 65 segments of group 64 (S = 2), group 32 with several batches and a partial one (S = 1: 4
 // segments per lane in an item), rows that are not a multiple of the 16-row tiles of the mma variants.

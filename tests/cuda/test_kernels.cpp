@@ -7,15 +7,15 @@
 #include <random>
 
 #include "cuda_test_util.h"
-#include "kernels/attention.h"
-#include "kernels/attention_decode.cuh"
-#include "kernels/basic_ops.h"
-#include "kernels/elementwise.cuh"
-#include "kernels/gemv.cuh"
-#include "kernels/quest.h"
-#include "kernels/rope.cuh"
-#include "model/config.h"
-#include "model/rope.h"
+#include "kernels/attention/attention.h"
+#include "kernels/attention/attention_decode.cuh"
+#include "kernels/common/basic_ops.h"
+#include "kernels/common/elementwise.cuh"
+#include "kernels/linear/gemv.cuh"
+#include "kernels/select/quest.h"
+#include "kernels/common/rope.cuh"
+#include "model/core/config.h"
+#include "model/core/rope.h"
 
 using namespace quest;
 using namespace quest::test;

@@ -1,12 +1,12 @@
-// Quantized page bounds on the GPU (kernels/page_codes.cuh) and bytes-matched budgets (MatchedBudget in
-// kernels/quest.cuh) against the CPU reference: quantize_page_codes_ref, page_score_int8_ref, quest_select_ref with
-// MetadataFormat Int8 / Int4 and match_bytes, quest_matched_pages (kernels/quest.h), attention_pages_ref.
+// Quantized page bounds on the GPU (kernels/select/page_codes.cuh) and bytes-matched budgets (MatchedBudget in
+// kernels/select/quest.cuh) against the CPU reference: quantize_page_codes_ref, page_score_int8_ref, quest_select_ref with
+// MetadataFormat Int8 / Int4 and match_bytes, quest_matched_pages (kernels/select/quest.h), attention_pages_ref.
 //
 // Inputs are seeded random fp16 values (never zeros, except the deliberately all-zero pages), outputs poisoned:
 // codes 0xFF bytes, scales and scores NaN (0xFF bytes), page ids -1; metadata and K/V beyond the sequence are NaN.
 //
 // Exactness: the codes, scales and scores are compared bit for bit (the quantization rule and the score arithmetic
-// are shared through kernels/page_codes.h, and for an fp16 q every product q_i * c_i is exact in fp32, so the GPU's
+// are shared through kernels/select/page_codes.h, and for an fp16 q every product q_i * c_i is exact in fp32, so the GPU's
 // FMA chain in channel order rounds like the reference's sum); hence the selections are compared exactly too (no
 // near-tie allowance: both sides rank the same bits with the same tie rule). Attention: rel_err <= 2e-3 (fp16 output).
 #include <gtest/gtest.h>
@@ -27,17 +27,17 @@
 #include "cuda_model_util.h"
 #include "cuda_test_util.h"
 #include "engine/eval.h"
-#include "engine/quest_settings.h"
-#include "kernels/attention.h"
-#include "kernels/elementwise.cuh"
-#include "kernels/page_codes.cuh"
-#include "kernels/quest.cuh"
-#include "kernels/quest.h"
-#include "kernels/rope.cuh"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/llama_cuda.h"
-#include "model/safetensors.h"
+#include "model/core/quest_settings.h"
+#include "kernels/attention/attention.h"
+#include "kernels/common/elementwise.cuh"
+#include "kernels/select/page_codes.cuh"
+#include "kernels/select/quest.cuh"
+#include "kernels/select/quest.h"
+#include "kernels/common/rope.cuh"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/io/safetensors.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
@@ -125,7 +125,7 @@ struct Codes {
     }
 };
 
-// A host copy of a layer's codes, unpacked page by page through the layout of kernels/page_codes.h.
+// A host copy of a layer's codes, unpacked page by page through the layout of kernels/select/page_codes.h.
 struct HostCodes {
     bool int4 = false;
     int d = 0, padded = 0, np = 0, c = 0;

@@ -1,5 +1,5 @@
-// The oracle selector on the GPU (kernels/page_oracle.cuh) against its CPU reference: attention_page_mass_ref
-// (kernels/attention.h) for the page masses, oracle_policy_ref through quest_select_ref (kernels/quest.h) for the
+// The oracle selector on the GPU (kernels/select/page_oracle.cuh) against its CPU reference: attention_page_mass_ref
+// (kernels/attention/attention.h) for the page masses, oracle_policy_ref through quest_select_ref (kernels/select/quest.h) for the
 // selection; a captured graph against eager launches; the CUDA backend with --selector oracle against the CPU backend.
 //
 // Inputs: seeded random fp16 q and keys (N(0,1), never all zero; keys get a per-page offset along a per-KV-head
@@ -36,16 +36,16 @@
 #include "../test_util.h"
 #include "cuda_model_util.h"
 #include "cuda_test_util.h"
-#include "engine/backend.h"
+#include "model/core/backend.h"
 #include "engine/eval.h"
-#include "engine/quest_settings.h"
-#include "kernels/attention.h"
-#include "kernels/page_oracle.cuh"
-#include "kernels/quest.cuh"
-#include "kernels/quest.h"
-#include "model/llama_cpu.h"
-#include "model/llama_cuda.h"
-#include "model/safetensors.h"
+#include "model/core/quest_settings.h"
+#include "kernels/attention/attention.h"
+#include "kernels/select/page_oracle.cuh"
+#include "kernels/select/quest.cuh"
+#include "kernels/select/quest.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/io/safetensors.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {

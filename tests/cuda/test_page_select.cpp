@@ -1,4 +1,4 @@
-// The streaming selector on the GPU (kernels/page_select.cuh) against quest_select_ref, the CUDA backend with
+// The streaming selector on the GPU (kernels/select/page_select.cuh) against quest_select_ref, the CUDA backend with
 // --selector streaming against the CPU backend, and what the CUDA backend still refuses.
 #include <gtest/gtest.h>
 
@@ -8,14 +8,14 @@
 #include "../test_util.h"
 #include "cuda_model_util.h"
 #include "cuda_test_util.h"
-#include "engine/backend.h"
-#include "kernels/page_select.cuh"
-#include "kernels/quest.h"
-#include "model/dtype.h"
-#include "model/error.h"
-#include "model/llama_cpu.h"
-#include "model/llama_cuda.h"
-#include "model/weights.h"
+#include "model/core/backend.h"
+#include "kernels/select/page_select.cuh"
+#include "kernels/select/quest.h"
+#include "model/core/dtype.h"
+#include "model/core/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/io/weights.h"
 
 using namespace quest;
 

@@ -1,5 +1,5 @@
-// GPU Quest decode path (kernels/quest.cuh) against the CPU references: page_scores_ref / quest_select_ref /
-// top_k_ref (kernels/quest.h) and attention_pages_ref / attention_full_ref (kernels/attention.h).
+// GPU Quest decode path (kernels/select/quest.cuh) against the CPU references: page_scores_ref / quest_select_ref /
+// top_k_ref (kernels/select/quest.h) and attention_pages_ref / attention_full_ref (kernels/attention/attention.h).
 //
 // Inputs are seeded random values rounded to fp16 (to_half) so the CPU sees exactly what the GPU sees; outputs are
 // poisoned with 0xFF bytes (NaN, or -1 for page ids) before every launch; K/V tokens and page metadata beyond the
@@ -28,10 +28,10 @@
 #include <string>
 #include <vector>
 
-#include "kernels/attention.h"
-#include "kernels/quest.cuh"
-#include "kernels/quest.h"
-#include "kernels/rope.cuh"
+#include "kernels/attention/attention.h"
+#include "kernels/select/quest.cuh"
+#include "kernels/select/quest.h"
+#include "kernels/common/rope.cuh"
 #include "tests/cuda/cuda_test_util.h"
 
 namespace quest {

@@ -1,0 +1,17 @@
+#pragma once
+#include <utility>
+
+#include "model/core/config.h"
+#include "model/core/quest_settings.h"
+
+namespace quest {
+
+// The bytes model (selection_bytes) of the quest, streaming and oracle selectors without running them (quest bench's
+// CUDA rows; equal to what the CPU backend counts for them, tested): what one decode step over `len` tokens reads in
+// every layer (the dense layers' KV; in a Quest layer the metadata of the complete pages in q.metadata's format
+// (quest; streaming reads none, the oracle every key instead: keys_scanned) and the KV of K pages (bytes-matched:
+// quest_matched_pages + 1), or every token when P <= K). Returns {attention bytes, metadata bytes (the oracle's key
+// pass included)}.
+std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const QuestSettings& q, int len);
+
+}  // namespace quest

@@ -1,0 +1,65 @@
+#pragma once
+// The model hyper-parameters read from a Hugging Face config.json (LlamaForCausalLM), with the RoPE scaling
+// parameters in either spelling: Llama-2-era `rope_theta` + `rope_scaling {type|rope_type, factor, ...}` or
+// transformers-5 `rope_parameters {rope_type, rope_theta, ...}`.
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/core/dtype.h"
+
+namespace quest {
+
+enum class RopeType { Default, Linear, Dynamic, Yarn, Llama3 };
+std::string_view rope_type_name(RopeType t);
+
+// Hugging Face semantics (transformers modeling_rope_utils). Fields a type does not use keep their defaults.
+struct RopeScaling {
+    RopeType type = RopeType::Default;
+    double factor = 1.0;                       // linear, dynamic, yarn, llama3
+    int original_max_position_embeddings = 0;  // yarn, llama3 (defaults to max_position_embeddings)
+    // yarn
+    double beta_fast = 32.0;
+    double beta_slow = 1.0;
+    std::optional<double> attention_factor;  // explicit cos/sin scale; otherwise derived from factor and mscale
+    std::optional<double> mscale;
+    std::optional<double> mscale_all_dim;
+    bool truncate = true;
+    // llama3
+    double low_freq_factor = 1.0;
+    double high_freq_factor = 4.0;
+};
+
+struct ModelConfig {
+    int hidden_size = 0;           // d_model
+    int intermediate_size = 0;     // MLP width
+    int num_layers = 0;            // num_hidden_layers
+    int num_heads = 0;             // query heads
+    int num_kv_heads = 0;          // key/value heads (GQA when < num_heads)
+    int head_dim = 0;              // config head_dim, else hidden_size / num_heads
+    double rms_norm_eps = 1e-6;
+    double rope_theta = 10000.0;
+    int max_position_embeddings = 2048;
+    int vocab_size = 0;
+    bool tie_word_embeddings = false;
+    int bos_token_id = 1;
+    std::vector<int> eos_token_ids = {2};  // config may give one id or a list
+    DType torch_dtype = DType::F32;        // dtype the checkpoint declares (weights are checked on load)
+    RopeScaling rope;
+
+    int q_dim() const { return num_heads * head_dim; }
+    int kv_dim() const { return num_kv_heads * head_dim; }
+    int group_size() const { return num_heads / num_kv_heads; }
+    bool is_eos(int token) const;
+    // Longest context the model supports without extrapolating its position encoding.
+    int max_context() const { return max_position_embeddings; }
+};
+
+// Parses config.json text. `source` names the file in error messages. Throws InputError naming the field.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+ModelConfig load_model_config(const std::filesystem::path& config_json);
+// Serialises a config back to a Hugging Face style config.json (used by `quest make-model` and `quantize`).
+std::string model_config_to_json(const ModelConfig& c);
+
+}  // namespace quest

@@ -1,0 +1,75 @@
+#include "model/core/selection.h"
+
+namespace quest {
+
+std::string_view gqa_policy_name(GqaPolicy p) {
+    switch (p) {
+        case GqaPolicy::KvMax: return "kv-max";
+        case GqaPolicy::KvSum: return "kv-sum";
+        case GqaPolicy::PerHead: return "per-head";
+    }
+    return "?";
+}
+
+bool gqa_policy_from_name(std::string_view s, GqaPolicy& out) {
+    for (GqaPolicy p : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
+        if (s == gqa_policy_name(p)) {
+            out = p;
+            return true;
+        }
+    return false;
+}
+
+std::string_view metadata_format_name(MetadataFormat f) {
+    return f == MetadataFormat::Int8 ? "int8" : f == MetadataFormat::Int4 ? "int4" : "fp16";
+}
+
+bool metadata_format_from_name(std::string_view name, MetadataFormat& out) {
+    for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
+        if (name == metadata_format_name(f)) {
+            out = f;
+            return true;
+        }
+    return false;
+}
+
+std::string_view page_selector_name(PageSelector s) {
+    switch (s) {
+        case PageSelector::Quest: return "quest";
+        case PageSelector::Streaming: return "streaming";
+        case PageSelector::Oracle: return "oracle";
+        case PageSelector::TwoLevel: return "two-level";
+    }
+    return "?";
+}
+
+bool page_selector_from_name(std::string_view name, PageSelector& out) {
+    for (PageSelector s : {PageSelector::Quest, PageSelector::Streaming, PageSelector::Oracle, PageSelector::TwoLevel})
+        if (name == page_selector_name(s)) {
+            out = s;
+            return true;
+        }
+    return false;
+}
+
+int64_t page_metadata_bytes(MetadataFormat f, int head_dim) {
+    if (f == MetadataFormat::Int8) return 2ll * head_dim + 4;
+    if (f == MetadataFormat::Int4) return static_cast<int64_t>(head_dim) + 4;  // two 4-bit codes per channel
+    return 2ll * head_dim * 2;
+}
+
+int64_t selection_bytes(const SelectionReads& r, int head_dim, MetadataFormat f) {
+    const int64_t page = page_metadata_bytes(f, head_dim);
+    return (r.pages_scored + r.shortlist_pages) * page + r.sub_pages_scored * 2ll * head_dim +
+           r.keys_scanned * 2ll * head_dim + r.kv_tokens * 4ll * head_dim;
+}
+
+SelectionReads dense_reads(int len, int num_kv_heads) {
+    SelectionReads r;
+    r.kv_tokens = static_cast<int64_t>(len) * num_kv_heads;
+    r.rows = num_kv_heads;
+    r.dense = true;
+    return r;
+}
+
+}  // namespace quest

@@ -1,0 +1,255 @@
+#include "model/cpu/llama_cpu.h"
+
+#include <chrono>
+#include <cmath>
+#include <numeric>
+
+#include "kernels/attention/attention.h"
+#include "kernels/common/basic_ops.h"
+#include "kernels/select/quest.h"
+#include "model/core/error.h"
+#include "model/core/memory.h"
+#include "model/io/safetensors.h"
+#include "model/core/rope.h"
+
+namespace quest {
+
+CpuLlama::CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSettings& quest, int capacity)
+    : w_(std::move(weights)),
+      quest_(quest),
+      cache_(KvCacheShape{w_->config.num_layers, w_->config.num_kv_heads, w_->config.head_dim, quest.page_size,
+                          capacity, quest.cache_sub_page()}) {
+    quest_.validate();
+    logits_.resize(w_->config.vocab_size);
+}
+
+std::span<const float> CpuLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
+    if (tokens.empty()) throw InputError("prefill: no tokens (an empty prompt still holds BOS)");
+    forward(tokens, /*quest_step=*/false, all_logits);
+    return logits_;
+}
+
+void CpuLlama::set_selection_diagnostics(bool on) {
+    diagnostics_ = on;
+    const ModelConfig& c = w_->config;
+    diag_ = SelectionDiagnostics{};
+    diag_.selected_mass.assign(c.num_layers, std::vector<double>(c.num_heads, 0.0));
+    diag_.oracle_mass = diag_.selected_mass;
+    diag_.steps.assign(c.num_layers, 0);
+}
+
+void CpuLlama::copy_cache_from(const CpuLlama& other) {
+    if (other.pos_ > capacity()) throw ResourceError("copy_cache_from: the other cache holds more tokens than this one");
+    cache_.copy_tokens_from(other.cache_, other.pos_);
+    pos_ = other.pos_;
+    reuse_.clear();
+}
+
+bool CpuLlama::may_reuse(int l, const float* q, int pages) const {
+    if (quest_.reuse_cos == 0 || l >= static_cast<int>(reuse_.size())) return false;
+    const ReuseAnchor& a = reuse_[l];
+    if (a.pages != pages || a.q.empty()) return false;
+    const int D = w_->config.head_dim;
+    for (int h = 0; h < w_->config.num_heads; ++h) {
+        const float* x = q + size_t(h) * D;
+        const float* y = a.q.data() + size_t(h) * D;
+        double xy = 0, xx = 0, yy = 0;
+        for (int i = 0; i < D; ++i) {
+            xy += double(x[i]) * y[i];
+            xx += double(x[i]) * x[i];
+            yy += double(y[i]) * y[i];
+        }
+        if (!(xx > 0 && yy > 0) || xy < quest_.reuse_cos * std::sqrt(xx * yy)) return false;
+    }
+    return true;
+}
+
+void CpuLlama::record_selection_mass(int layer, const float* q, int len, const std::vector<std::vector<int>>& blocks,
+                                     int block_size, float scale) {
+    const ModelConfig& c = w_->config;
+    const int S = quest_.page_size, P = (len + S - 1) / S, K = quest_.page_budget();
+    if (P <= K) return;  // dense step: every page is read, nothing to compare
+    std::vector<float> mass(P), block_mass((len + block_size - 1) / block_size);
+    for (int h = 0; h < c.num_heads; ++h) {
+        const int kvh = h / c.group_size();
+        attention_page_mass_ref(mass.data(), q + size_t(h) * c.head_dim, cache_.keys(layer, kvh), c.head_dim, len, S,
+                                scale);
+        attention_page_mass_ref(block_mass.data(), q + size_t(h) * c.head_dim, cache_.keys(layer, kvh), c.head_dim, len,
+                                block_size, scale);
+        double selected = 0.0;
+        for (int b : blocks[h]) selected += block_mass[b];
+        // The oracle at the same budget: the last page plus the K-1 complete pages that hold the most mass.
+        const std::vector<float> complete(mass.begin(), mass.end() - 1);
+        double oracle = mass[P - 1];
+        for (int p : top_k_ref(complete, K - 1)) oracle += mass[p];
+        diag_.selected_mass[layer][h] += selected;
+        diag_.oracle_mass[layer][h] += oracle;
+    }
+    ++diag_.steps[layer];
+}
+
+std::span<const float> CpuLlama::decode(int token) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int one[] = {token};
+    forward(one, /*quest_step=*/true, nullptr);
+    ++reads_.steps;
+    last_ms_ = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    return logits_;
+}
+
+void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector<float>* all_logits) {
+    const ModelConfig& c = w_->config;
+    const int n = static_cast<int>(tokens.size());
+    if (pos_ + n > capacity())
+        throw ResourceError("context full: " + std::to_string(pos_) + " + " + std::to_string(n) +
+                            " tokens exceed the KV cache capacity of " + std::to_string(capacity()) + " tokens");
+    for (int t : tokens)
+        if (t < 0 || t >= c.vocab_size)
+            throw InputError("token id " + std::to_string(t) + " outside the vocabulary [0, " +
+                             std::to_string(c.vocab_size) + ")");
+
+    const int H = c.hidden_size, D = c.head_dim, NH = c.num_heads, NKV = c.num_kv_heads, F = c.intermediate_size;
+    const int group = c.group_size();
+    const float eps = static_cast<float>(c.rms_norm_eps);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+    // Rotary frequencies for this forward pass (dynamic NTK depends on its last position).
+    const RopeFrequencies rope = rope_frequencies(c, pos_ + n);
+
+    std::vector<float> x(static_cast<size_t>(n) * H), xn(x.size()), att_out(static_cast<size_t>(n) * c.q_dim());
+    std::vector<float> q(static_cast<size_t>(n) * c.q_dim()), k(static_cast<size_t>(n) * c.kv_dim()), v(k.size());
+    std::vector<float> proj(x.size()), gate(static_cast<size_t>(n) * F), up(gate.size());
+    for (int t = 0; t < n; ++t) embedding_ref(&x[static_cast<size_t>(t) * H], w_->embed.data(), tokens[t], H);
+
+    selection_.assign(c.num_layers, {});
+    selection_block_.assign(c.num_layers, 0);
+    if (!quest_step || n > 1) reuse_.clear();  // a prefill: the next decode step selects afresh
+    if (quest_.reuse_cos != 0) reuse_.resize(c.num_layers);
+    Selection sel;
+    for (int l = 0; l < c.num_layers; ++l) {
+        if (n > 1 && interrupt_requested()) {  // Ctrl-C during a prefill: undo this call's cache writes and stop
+            cache_.truncate(pos_);
+            throw Interrupted("prefill interrupted (layer " + std::to_string(l) + " of " + std::to_string(c.num_layers) +
+                              "); the cache holds the " + std::to_string(pos_) + " tokens it held before");
+        }
+        const LayerWeightsF32& L = w_->layers[l];
+        // Attention block.
+        for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.attn_norm.data(), H, eps);
+        if (observer_) observer_(l, LinearSite::Qkv, xn.data(), n, H);
+        matmul_ref(q.data(), L.wq.data(), xn.data(), n, c.q_dim(), H);
+        matmul_ref(k.data(), L.wk.data(), xn.data(), n, c.kv_dim(), H);
+        matmul_ref(v.data(), L.wv.data(), xn.data(), n, c.kv_dim(), H);
+        for (int t = 0; t < n; ++t) {
+            const int pos = pos_ + t;
+            rope_ref(&q[size_t(t) * c.q_dim()], NH, D, pos, rope.inv_freq.data(), rope.attention_scaling);
+            rope_ref(&k[size_t(t) * c.kv_dim()], NKV, D, pos, rope.inv_freq.data(), rope.attention_scaling);
+            cache_.write(l, pos, &k[size_t(t) * c.kv_dim()], &v[size_t(t) * c.kv_dim()]);
+        }
+        const bool select = quest_step && quest_.quest_layer(l);
+        for (int t = 0; t < n; ++t) {
+            const int len = pos_ + t + 1;  // the token attends to itself and everything before it
+            const float* qt = &q[size_t(t) * c.q_dim()];
+            if (select) {
+                QuestSelectArgs a;
+                a.q = qt;
+                a.kmin = cache_.kmin(l);
+                a.kmax = cache_.kmax(l);
+                a.num_heads = NH;
+                a.num_kv_heads = NKV;
+                a.head_dim = D;
+                a.page_capacity = cache_.shape().pages();
+                a.len = len;
+                a.page_size = quest_.page_size;
+                a.page_budget = quest_.page_budget();
+                a.policy = quest_.gqa_policy;
+                a.selector = quest_.selector;
+                a.keys = cache_.keys(l, 0);  // the oracle reads every key (KV heads are contiguous in a layer)
+                a.key_capacity = cache_.shape().capacity;
+                a.scale = scale;
+                a.metadata = quest_.metadata;
+                a.sub_kmin = cache_.sub_kmin(l);
+                a.sub_kmax = cache_.sub_kmax(l);
+                a.sub_capacity = cache_.shape().sub_pages();
+                a.sub_page = quest_.sub_page;
+                a.shortlist = quest_.shortlist;
+                a.mass_target = static_cast<float>(quest_.mass_target);
+                a.match_bytes = quest_.match_bytes;
+                const int pages = (len + quest_.page_size - 1) / quest_.page_size;
+                if (may_reuse(l, qt, pages)) {
+                    // The anchor's pages (the last one has grown by the tokens since): KV only, no metadata.
+                    sel = reuse_[l].sel;
+                    sel.reads = SelectionReads{};
+                    sel.reads.rows = reuse_[l].sel.reads.rows;
+                    const int last_tokens = len - (pages - 1) * quest_.page_size;
+                    const int stride = quest_.gqa_policy == GqaPolicy::PerHead ? 1 : group;
+                    for (int h = 0; h < NH; h += stride)
+                        sel.reads.kv_tokens +=
+                            int64_t(sel.blocks[h].size() - 1) * quest_.page_size + last_tokens;
+                    ++reads_.reused_steps;
+                } else {
+                    select_blocks_ref(a, sel);
+                    if (quest_.reuse_cos != 0 && !sel.reads.dense) reuse_[l] = {sel, std::vector<float>(qt, qt + c.q_dim()), pages};
+                }
+                const int64_t bytes = selection_bytes(sel.reads, D, quest_.metadata);
+                reads_.quest_layer_bytes += bytes;
+                reads_.metadata_bytes += bytes - sel.reads.kv_tokens * 4ll * D;
+                if (!sel.reads.dense) {
+                    ++reads_.selecting_steps;
+                    reads_.selecting_rows += sel.reads.rows;
+                    reads_.selected_tokens += sel.reads.kv_tokens;
+                }
+            } else if (quest_step) {  // a decode step's dense layer (or full attention): every token, no metadata
+                // Layers from dense_layers on count as Quest layers also under full attention (the comparison).
+                const int64_t bytes = selection_bytes(dense_reads(len, NKV), D, quest_.metadata);
+                (l >= quest_.dense_layers ? reads_.quest_layer_bytes : reads_.dense_layer_bytes) += bytes;
+            }
+            for (int h = 0; h < NH; ++h) {
+                const int kvh = h / group;
+                float* out = &att_out[size_t(t) * c.q_dim() + size_t(h) * D];
+                if (select)
+                    attention_pages_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
+                                        sel.block_size, sel.blocks[h], scale);
+                else
+                    attention_full_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
+                                       scale);
+            }
+            if (select) {
+                selection_[l] = sel.blocks;
+                selection_block_[l] = sel.block_size;
+            }
+            if (select && diagnostics_) record_selection_mass(l, qt, len, sel.blocks, sel.block_size, scale);
+        }
+        if (observer_) observer_(l, LinearSite::O, att_out.data(), n, c.q_dim());
+        matmul_ref(proj.data(), L.wo.data(), att_out.data(), n, H, c.q_dim());
+        add_inplace_ref(x.data(), proj.data(), n * H);
+        // MLP block.
+        for (int t = 0; t < n; ++t) rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], L.mlp_norm.data(), H, eps);
+        if (observer_) observer_(l, LinearSite::GateUp, xn.data(), n, H);
+        matmul_ref(gate.data(), L.w_gate.data(), xn.data(), n, F, H);
+        matmul_ref(up.data(), L.w_up.data(), xn.data(), n, F, H);
+        swiglu_ref(gate.data(), gate.data(), up.data(), n * F);
+        if (observer_) observer_(l, LinearSite::Down, gate.data(), n, F);
+        matmul_ref(proj.data(), L.w_down.data(), gate.data(), n, H, F);
+        add_inplace_ref(x.data(), proj.data(), n * H);
+    }
+    pos_ += n;
+
+    // Final norm and logits (all tokens only when asked).
+    const int first = all_logits ? 0 : n - 1;
+    const int count = n - first;
+    for (int t = first; t < n; ++t)
+        rms_norm_ref(&xn[size_t(t) * H], &x[size_t(t) * H], w_->final_norm.data(), H, eps);
+    std::vector<float> out(static_cast<size_t>(count) * c.vocab_size);
+    matmul_ref(out.data(), w_->output_matrix().data(), &xn[size_t(first) * H], count, c.vocab_size, H);
+    std::copy(out.end() - c.vocab_size, out.end(), logits_.begin());
+    if (all_logits) *all_logits = std::move(out);
+}
+
+std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
+                                          size_t memory_limit) {
+    check_cpu_memory(model.config, quest, capacity, memory_limit);
+    const ModelFiles files(model.dir);
+    auto weights = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(files, model.config));
+    return std::make_unique<CpuLlama>(std::move(weights), quest, capacity);
+}
+
+}  // namespace quest

@@ -1,0 +1,207 @@
+#pragma once
+// The CUDA backend: FP16 weights, paged FP16 KV cache with FP16 page metadata, chunked flash prefill, split-K
+// decode attention (Quest selection in the Quest layers), and the whole decode step captured once in a CUDA graph
+// and replayed (the position lives on the device; the only host synchronisation per step is reading the logits).
+#include <cublas_v2.h>
+
+#include <array>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/core/backend.h"
+#include "model/io/model_folder.h"
+#include "kernels/attention/attention_decode.cuh"
+#include "kernels/common/device_buffer.h"
+#include "kernels/linear/gemv_int4.cuh"
+#include "kernels/select/quest.cuh"
+#include "kernels/common/rope.cuh"
+#include "model/core/config.h"
+
+namespace quest {
+
+struct CudaOptions {
+    int prefill_chunk = 2048;   // tokens per prefill chunk (activations scale with it, not with the prompt)
+    int split_tokens = 0;       // tokens per block of the split-K decode attention (0: default_split_tokens)
+    bool use_graph = true;      // capture the decode step in a CUDA graph (false: launch kernel by kernel)
+    size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
+    bool profile = false;       // time kernel groups with events (eager launches, no graph): profile_report()
+    bool quest_fused = false;   // Quest layers: quest_decode's fused scoring + top-k (default: the separate launches)
+    // Linear layers: 0 keeps the checkpoint's storage (the 4-bit layers of quest-int4 / AutoAWQ folders stay int4,
+    // fused dequantize + GEMV in the decode step); G > 0 stores every layer whose input dimension G divides in int4
+    // with group G (FP16 checkpoints are quantized on load, round-to-nearest; random weights are drawn as int4);
+    // -1 stores every layer in FP16 (4-bit layers dequantized).
+    int int4_group = 0;
+    // Decode step: the RMSNorms, residual adds and SwiGLU in the epilogues of the GEMVs around them
+    // (kernels/linear/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs), when every
+    // linear matrix has a fused kernel; chosen once at load and logged. H200, 7B shape, p50 (docs/measurements.md):
+    // FP16 32K Quest 4.82 -> 4.61 ms, 4K full 4.47 -> 4.28; int4 32K Quest 3.10 -> 2.88. false: the separate kernels.
+    bool fused_epilogues = true;
+    // Tests and diagnostics: after each Quest layer of a decode step, copy its selected pages and page scores to a
+    // per-layer log (two device-to-device copies per Quest layer, in the graph), read by last_selection().
+    bool record_selections = false;
+};
+
+// One Quest layer's selection at the last decode step (CudaLlama::last_selection).
+struct SelectionTrace {
+    std::vector<std::vector<int>> pages;     // [query head] pages it attended, ascending (CpuLlama::last_selection)
+    std::vector<std::vector<float>> scores;  // [query head] its selection row's scores of pages [0, P - 1) (the
+                                             // last page is always taken); empty at a dense step (P <= budget)
+};
+
+// Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,
+// else the int4 group size (kernels/linear/gemv_int4.cuh).
+using LinearGroups = std::vector<std::array<int, 4>>;
+// Every layer FP16 (int4_group <= 0), or int4 where the group divides the input dimension.
+LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group);
+
+// Device memory the backend needs, computed before anything is allocated.
+struct MemoryPlan {
+    size_t weights = 0;
+    size_t kv_cache = 0;   // layers x 2 x kv_dim x 2 bytes per token
+    size_t metadata = 0;   // page min/max (fp16), and the int8 / int4 page codes + scales of the Quest layers
+    size_t workspace = 0;  // activations, attention and Quest workspaces, logits
+    size_t total() const { return weights + kv_cache + metadata + workspace; }
+    std::string describe() const;
+};
+// groups: the linear layers' storage (null: uniform_linear_groups(c, o.int4_group)).
+MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
+                       const LinearGroups* groups = nullptr);
+
+class CudaLlama final : public Backend {
+public:
+    // Weights from a model folder (F32, F16 or BF16 in the files; FP16 on the device; values beyond the FP16 range
+    // are clamped to +-65504 and reported, never turned into inf). Linear layers stored in 4 bits (quest-int4 or
+    // AutoAWQ GEMM, model/io/quantize.h) stay int4 on the device; see CudaOptions::int4_group.
+    static std::unique_ptr<CudaLlama> from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
+                                                  const CudaOptions& opts = {});
+    // Random FP16 (or, with opts.int4_group > 0, int4) weights generated on the device (benchmarks of large shapes
+    // without a checkpoint).
+    static std::unique_ptr<CudaLlama> random(const ModelConfig& config, const QuestSettings& quest, int capacity,
+                                             uint64_t seed, const CudaOptions& opts = {});
+    ~CudaLlama() override;
+
+    std::string name() const override { return "cuda"; }
+    const ModelConfig& config() const override { return c_; }
+    bool fused_decode() const { return fused_decode_; }  // the decode step's norms in the GEMV epilogues (CudaOptions)
+    const QuestSettings& quest() const override { return quest_; }
+    int capacity() const override { return capacity_; }
+    int position() const override { return pos_; }
+    void reset() override;
+    std::span<const float> prefill(std::span<const int> tokens, std::vector<float>* all_logits = nullptr) override;
+    std::span<const float> decode(int token) override;
+    double last_decode_ms() const override { return last_ms_; }
+    size_t device_memory_bytes() const override;  // device memory held (and peak): see the definition
+
+    const MemoryPlan& memory_plan() const { return plan_; }
+    std::string profile_report() const override;
+    // Bytes one decode step must read at the current position (weights + KV or Quest's share + metadata).
+    size_t decode_bytes() const;
+
+    // The device buffers of a layer (tests and tools read them back): its KV cache and fp16 page metadata, and its
+    // int8 / int4 page codes (QuestSettings::metadata; kernels/select/page_codes.cuh), which only the Quest layers of the
+    // quest selector keep (codes == nullptr otherwise).
+    KvLayerView kv_view(int layer) const;
+    PageCodesView codes_view(int layer) const;
+    // With CudaOptions::record_selections: layer l's selection at the last decode step (l a Quest layer of the quest
+    // or oracle selector; without a bytes-matched budget). Synchronises; not for the decode loop.
+    SelectionTrace last_selection(int layer) const;
+
+private:
+    CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearGroups groups);
+    void allocate();
+    void load_weights(const ModelFolder& model);
+    void randomize_weights(uint64_t seed);
+    void enqueue_decode_step();  // every kernel of one decode step on stream_
+    void enqueue_attention(int l, float scale);  // decode: RoPE + KV append and the attention of layer l
+    void choose_decode_path();   // fused_decode_ (at load: which kernels the decode step runs), partials
+    void mark(const char* what);  // profiling: an event after the kernels of `what`
+
+    struct Layer {
+        __half* wqkv = nullptr;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)
+        __half* wo = nullptr;     // [hidden][q_dim]
+        __half* wgu = nullptr;    // [2 intermediate][hidden]    rows interleaved: 2i = gate_proj i, 2i + 1 = up_proj i
+        __half* wdown = nullptr;  // [hidden][intermediate]
+        float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
+        float* mlp_norm = nullptr;   // [hidden]
+        // The same matrices in int4 (the FP16 pointer above is null then): qkv4 [q_dim + 2 kv_dim][hidden],
+        // o4 [hidden][q_dim], gu4 [2 intermediate][hidden] (rows interleaved as wgu), down4 [hidden][intermediate].
+        Int4View qkv4, o4, gu4, down4;
+    };
+    // y = W x (decode) and Y = X W^T (prefill; int4 weights are dequantized into dequant_scratch_ first).
+    void linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols);
+    void linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows, int cols);
+    // The fused decode GEMVs (kernels/linear/gemv_epilogue.h): FP16 or int4 by the matrix's storage.
+    NormScale norm_input() const;  // the fused step's next norm: norm_partials_[0 .. norm_count_)
+    void linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols);
+    void linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols);
+    void linear_gemv_residual(const float* next_norm, const __half* w16, const Int4View& w4, const __half* x, int rows,
+                              int cols);
+
+    ModelConfig c_;
+    QuestSettings quest_;
+    CudaOptions opts_;
+    int capacity_;
+    int max_pages_;
+    MemoryPlan plan_;
+    int pos_ = 0;
+    double last_ms_ = 0;
+
+    cudaStream_t stream_ = nullptr;
+    cublasHandle_t cublas_ = nullptr;
+    cudaEvent_t ev_start_ = nullptr, ev_stop_ = nullptr;
+    cudaGraphExec_t graph_ = nullptr;
+    int decode_calls_ = 0;
+    size_t device_bytes_ = 0;  // measured with cudaMemGetInfo around the allocations
+    size_t free_before_ = 0;   // free device memory before the first allocation
+    // Profiling (CudaOptions::profile): events between kernel groups, milliseconds summed per group.
+    std::vector<cudaEvent_t> profile_events_;
+    std::vector<std::string> profile_names_;
+    size_t marks_used_ = 0;
+    std::map<std::string, double> profile_ms_;
+    int profile_steps_ = 0;
+
+    // Device memory.
+    DeviceBuffer<char> weight_arena_;
+    std::vector<Layer> layers_;
+    LinearGroups groups_;                  // storage of each layer's linear matrices (0: FP16, else int4 group)
+    DeviceBuffer<__half> dequant_scratch_;  // [largest int4 matrix] FP16, for the prefill GEMMs
+    __half* embed_ = nullptr;     // [vocab][hidden]
+    __half* lm_head_ = nullptr;   // [vocab][hidden] (== embed_ when tied)
+    float* final_norm_ = nullptr;
+    DeviceBuffer<__half> k_cache_, v_cache_, kmin_, kmax_;  // [layers][kv_heads][capacity or pages][head_dim]
+    // Page codes of the Quest layers (dense_layers .. layers-1), when the metadata format is int8 / int4.
+    DeviceBuffer<uint8_t> codes_;      // [Quest layers][page_codes_bytes]
+    DeviceBuffer<float> code_scales_;  // [Quest layers][kv_heads][padded pages]
+    MatchedBudget match_;              // bytes-matched budget (QuestSettings::match_bytes), else off
+    DeviceBuffer<float> inv_freq_;
+    RopeDeviceParams rope_;
+    DeviceBuffer<int> d_pos_, d_tokens_;
+    DeviceBuffer<float> x_, qkv_, proj_, gu_, logits_, ws_float_;
+    // Fused decode step (fused_decode_): xn_ holds xg = fp16(x * g) (not normalised) and norm_partials_ the partial
+    // sums of x^2 of the kernel that wrote it: norm_count_ of them (1 after embedding_norm_prep, the residual GEMV's
+    // block count after it; set while the step is enqueued).
+    bool fused_decode_ = false;
+    DeviceBuffer<float> norm_partials_;
+    int norm_count_ = 0;
+    DeviceBuffer<int> split_counters_;
+    DeviceBuffer<__half> xn_, q_, att_, act_;  // xn_: the fp16 input of qkv / gate+up / lm_head (see norm_partials_)
+    DeviceBuffer<float> quest_scores_, quest_partial_;
+    DeviceBuffer<int> quest_selected_, quest_counters_;
+    DeviceBuffer<float> oracle_lse_;  // oracle selector: [num_heads][max_pages] page log-sum-exps (page_oracle.cuh)
+    QuestWorkspace quest_ws_;
+    // CudaOptions::record_selections: [layers][rows][select stride] and [layers][rows][max_pages] copies of
+    // quest_selected_ / quest_scores_ after each Quest layer.
+    DeviceBuffer<int> selection_log_;
+    DeviceBuffer<float> score_log_;
+    SplitWorkspace split_ws_;
+    DeviceBuffer<float> chunk_logits_;  // [prefill_chunk][vocab], allocated when all logits are asked for
+
+    // Pinned host memory for the graph's copies.
+    int* h_token_ = nullptr;
+    float* h_logits_ = nullptr;
+    std::vector<float> logits_host_;
+};
+
+}  // namespace quest

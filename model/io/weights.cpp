@@ -1,0 +1,72 @@
+#include "model/io/weights.h"
+
+#include "model/core/error.h"
+#include "model/io/quantize.h"
+
+namespace quest {
+
+std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
+    using N = LlamaTensorNames;
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, V = c.vocab_size;
+    std::vector<TensorSpec> specs;
+    specs.push_back({N::embed(), {V, h}});
+    for (int l = 0; l < c.num_layers; ++l) {
+        specs.push_back({N::layer(l, "input_layernorm.weight"), {h}});
+        specs.push_back({N::layer(l, "self_attn.q_proj.weight"), {q, h}});
+        specs.push_back({N::layer(l, "self_attn.k_proj.weight"), {kv, h}});
+        specs.push_back({N::layer(l, "self_attn.v_proj.weight"), {kv, h}});
+        specs.push_back({N::layer(l, "self_attn.o_proj.weight"), {h, q}});
+        specs.push_back({N::layer(l, "post_attention_layernorm.weight"), {h}});
+        specs.push_back({N::layer(l, "mlp.gate_proj.weight"), {f, h}});
+        specs.push_back({N::layer(l, "mlp.up_proj.weight"), {f, h}});
+        specs.push_back({N::layer(l, "mlp.down_proj.weight"), {h, f}});
+    }
+    specs.push_back({N::final_norm(), {h}});
+    if (!c.tie_word_embeddings) specs.push_back({N::lm_head(), {V, h}});
+    return specs;
+}
+
+std::vector<float> load_tensor_f32(const ModelFiles& files, const std::string& name, std::span<const int64_t> shape) {
+    const TensorRef t = files.get(name, shape);
+    if (!dtype_is_float(t.info->dtype))
+        throw InputError(t.file->path().string() + ": tensor '" + name + "': dtype mismatch: Expected F32, F16 or BF16, Actual " +
+                         std::string(dtype_name(t.info->dtype)));
+    std::vector<float> out(static_cast<size_t>(t.info->numel()));
+    convert_to_f32(t.info->dtype, t.data(), out.data(), out.size());
+    return out;
+}
+
+LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfig& c) {
+    using N = LlamaTensorNames;
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, V = c.vocab_size;
+    auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+        return load_tensor_f32(files, name, std::span<const int64_t>(shape.begin(), shape.size()));
+    };
+    // Linear layers may be stored in 4 bits (quest-int4 or AutoAWQ, model/io/quantize.h): dequantized to fp32.
+    const LinearReader reader(files, read_quantization_info(files.dir()));
+    auto linear = [&](int l, const char* name, int64_t rows, int64_t cols) {
+        return reader.load_f32(N::layer(l, name), rows, cols);
+    };
+    LlamaWeightsF32 w;
+    w.config = c;
+    w.embed = get(N::embed(), {V, h});
+    // One record per layer as it is read, not num_layers up front: a config that claims more layers than the files
+    // hold fails at the first missing tensor instead of allocating records for all of them (2^30 layers: 200+ GB).
+    for (int l = 0; l < c.num_layers; ++l) {
+        LayerWeightsF32& L = w.layers.emplace_back();
+        L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
+        L.wq = linear(l, "self_attn.q_proj", q, h);
+        L.wk = linear(l, "self_attn.k_proj", kv, h);
+        L.wv = linear(l, "self_attn.v_proj", kv, h);
+        L.wo = linear(l, "self_attn.o_proj", h, q);
+        L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
+        L.w_gate = linear(l, "mlp.gate_proj", f, h);
+        L.w_up = linear(l, "mlp.up_proj", f, h);
+        L.w_down = linear(l, "mlp.down_proj", h, f);
+    }
+    w.final_norm = get(N::final_norm(), {h});
+    if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});
+    return w;
+}
+
+}  // namespace quest
