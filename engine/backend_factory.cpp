@@ -3,7 +3,7 @@
 #include <unistd.h>
 
 #include "model/core/memory.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/make_model.h"
 #include "model/io/quantize.h"

@@ -7,9 +7,9 @@
 
 #include "kernels/linear/quant.h"
 #include "kernels/select/quest.h"
-#include "kernels/select/step_bytes.h"
+#include "model/core/step_bytes.h"
 #include "model/cpu/llama_cpu.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/quantize.h"
 #include "tokenizer/tokenizer.h"
 
@@ -123,7 +123,7 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
                 if (i >= r.warmup) ms.push_back(b->last_decode_ms());
                 if (i == r.warmup + r.steps / 2) {
                     bytes = backend_decode_bytes(*b);
-                    model_bytes = quest_step_bytes_model(config, o.quest, b->position());
+                    if (!cpu) model_bytes = quest_step_bytes_model(config, o.quest, b->position());
                 }
             }
             row.backend = b->name();

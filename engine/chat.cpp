@@ -3,7 +3,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

@@ -28,7 +28,7 @@
 #include "engine/soak.h"
 #include "engine/timing.h"
 #include "model/io/atomic_file.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/make_model.h"
 #include "tokenizer/tokenizer.h"
 

@@ -9,7 +9,7 @@
 
 #include "engine/sampler.h"
 #include "model/io/atomic_file.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 
 namespace quest {

@@ -10,7 +10,7 @@
 #include "engine/cli.h"
 #include "engine/eval.h"
 #include "model/io/atomic_file.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"

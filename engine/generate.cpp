@@ -1,6 +1,6 @@
 #include "engine/generate.h"
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

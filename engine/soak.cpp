@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "engine/sampler.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/model_folder.h"
 
 namespace quest {

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "model/core/config.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/core/rope.h"
 #include "model/io/weights.h"
 

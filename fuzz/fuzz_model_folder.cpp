@@ -10,7 +10,7 @@
 #include "model/core/backend.h"
 #include "model/cpu/llama_cpu.h"
 #include "fuzz/fuzz_util.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 using namespace quest;
 

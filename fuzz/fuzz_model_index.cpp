@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/safetensors.h"
 
 using namespace quest;

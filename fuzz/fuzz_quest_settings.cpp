@@ -6,7 +6,7 @@
 #include <string>
 
 #include "model/core/quest_settings.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 using namespace quest;
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace quest;

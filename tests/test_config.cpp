@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "model/core/config.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/core/rope.h"
 #include "test_util.h"
 

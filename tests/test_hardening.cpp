@@ -22,7 +22,7 @@
 #include "model/core/memory.h"
 #include "model/io/atomic_file.h"
 #include "model/core/config.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/make_model.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/safetensors.h"

@@ -9,7 +9,7 @@
 
 #include "model/core/backend.h"
 #include "engine/generate.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/make_model.h"
 #include "model/io/safetensors.h"

@@ -8,7 +8,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/common/basic_ops.h"
 #include "kernels/common/sincos.h"
-#include "model/core/dtype.h"
+#include "kernels/common/dtype.h"
 
 using namespace quest;
 

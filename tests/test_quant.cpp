@@ -16,7 +16,7 @@
 #include "kernels/common/basic_ops.h"
 #include "kernels/linear/int4_layout.h"
 #include "kernels/linear/quant.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/make_model.h"
 #include "model/io/quantize.h"

@@ -13,7 +13,7 @@
 #include "kernels/attention/attention.h"
 #include "cuda/cuda_model_util.h"  // compare_selections (host code, used by the CUDA model tests)
 #include "kernels/select/quest.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 using namespace quest;
 

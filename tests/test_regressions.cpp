@@ -16,7 +16,7 @@
 #include "model/core/memory.h"
 #include "model/core/quest_settings.h"
 #include "model/core/config.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/make_model.h"
 #include "model/core/rope.h"
 #include "model/io/safetensors.h"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "tests/test_util.h"
 
 namespace quest {

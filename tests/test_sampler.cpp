@@ -6,7 +6,7 @@
 
 #include "engine/sampler.h"
 #include "engine/timing.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 using namespace quest;
 

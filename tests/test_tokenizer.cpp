@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "test_util.h"
 
 namespace {

@@ -5,7 +5,7 @@
 
 #include <sentencepiece_processor.h>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

@@ -3,7 +3,7 @@
 #include <cstdint>
 
 #include "kernels/common/cuda_common.cuh"
-#include "model/core/dtype.h"
+#include "kernels/common/dtype.h"
 
 namespace quest {
 

@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "kernels/linear/int4_layout.h"
-#include "model/core/dtype.h"
-#include "model/core/error.h"
+#include "kernels/common/dtype.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

@@ -2,6 +2,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/select/page_codes.h"
+#include "kernels/select/registry.h"
 
 #include <algorithm>
 #include <cmath>
@@ -418,12 +419,7 @@ void select_blocks_ref(const QuestSelectArgs& a, Selection& out) {
         out.reads = dense_reads(a.len, a.num_kv_heads);
         return;
     }
-    switch (a.selector) {
-        case PageSelector::Quest: quest_policy_ref(a, out); return;
-        case PageSelector::Streaming: streaming_policy_ref(a, out); return;
-        case PageSelector::Oracle: oracle_policy_ref(a, out); return;
-        case PageSelector::TwoLevel: two_level_select_ref(a, out); return;
-    }
+    page_selector_def(a.selector).select_cpu(a, out);
 }
 
 void quest_select_ref(const QuestSelectArgs& a, std::vector<std::vector<int>>& selected) {

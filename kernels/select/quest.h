@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "kernels/select/page_codes.h"
-#include "model/core/selection.h"
+#include "kernels/select/selection.h"
 
 namespace quest {
 

@@ -36,7 +36,7 @@ public:
     virtual std::string profile_report() const { return ""; }
 
     // Ctrl-C: a prefill asks `interrupt` between its chunks (CUDA) or layers (CPU) and, when it returns true, throws
-    // Interrupted (model/core/error.h) with the cache as it was before the call. Empty: never interrupted.
+    // Interrupted (kernels/common/error.h) with the cache as it was before the call. Empty: never interrupted.
     void set_interrupt(std::function<bool()> interrupt) { interrupt_ = std::move(interrupt); }
 
 protected:

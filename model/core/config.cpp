@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/core/rope.h"
 
 namespace quest {

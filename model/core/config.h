@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "model/core/dtype.h"
+#include "kernels/common/dtype.h"
 
 namespace quest {
 

@@ -10,7 +10,7 @@
 #include <limits>
 #include <sstream>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

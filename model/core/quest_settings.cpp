@@ -7,9 +7,11 @@
 #include <sstream>
 
 #include "default_config.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
+
+bool QuestSettings::takes(uint32_t use) const { return (page_selector_def(selector).uses & use) != 0; }
 
 void QuestSettings::validate() const {
     auto bad = [](const std::string& what) { throw InputError("quest settings: " + what); };
@@ -20,14 +22,13 @@ void QuestSettings::validate() const {
             " tokens)");
     if (dense_layers < 0) bad("dense_layers must be >= 0, got " + std::to_string(dense_layers));
     if (!(mass_target >= 0.0 && mass_target <= 1.0)) bad("mass_target must be in [0, 1] (0: off), got " + std::to_string(mass_target));
-    if (mass_target > 0 && (selector == PageSelector::Streaming || selector == PageSelector::Oracle))
-        bad("mass_target (the adaptive budget) applies to the quest and two-level selectors");
-    if (match_bytes && selector != PageSelector::TwoLevel && selector != PageSelector::Quest)
-        bad("match_bytes applies to the quest and two-level selectors");
+    const std::string sel(page_selector_name(selector));
+    if (mass_target > 0 && !takes(kUsesMassTarget)) bad("mass_target (the adaptive budget) does not apply to the " + sel + " selector");
+    if (match_bytes && !takes(kUsesMatchBytes)) bad("match_bytes does not apply to the " + sel + " selector");
     if (!(reuse_cos >= -1.0 && reuse_cos <= 1.0)) bad("reuse_cos must be in [-1, 1] (0: off), got " + std::to_string(reuse_cos));
-    if (reuse_cos != 0 && selector != PageSelector::Quest) bad("reuse_cos (selection reuse) applies to the quest selector");
+    if (reuse_cos != 0 && !takes(kUsesReuse)) bad("reuse_cos (selection reuse) does not apply to the " + sel + " selector");
     if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
-    if (selector == PageSelector::TwoLevel &&
+    if (takes(kUsesSubPages) &&
         (sub_page < 1 || sub_page >= page_size || (sub_page & (sub_page - 1)) != 0))
         bad("sub_page must be a power of two smaller than the page size (" + std::to_string(page_size) + "), got " +
             std::to_string(sub_page));
@@ -38,9 +39,9 @@ std::string QuestSettings::describe() const {
     std::string d = std::string(page_selector_name(selector)) + " B=" + std::to_string(budget) +
                     " S=" + std::to_string(page_size) + " dense_layers=" + std::to_string(dense_layers) +
                     " gqa=" + std::string(gqa_policy_name(gqa_policy));
-    if (selector == PageSelector::Quest || selector == PageSelector::TwoLevel)
+    if (takes(kUsesMetadataFormat))
         d += " metadata=" + std::string(metadata_format_name(metadata));
-    if (selector == PageSelector::TwoLevel)
+    if (takes(kUsesSubPages))
         d += " shortlist=" + std::to_string(shortlist) + " sub_page=" + std::to_string(sub_page);
     if (mass_target > 0) {
         char buf[32];
@@ -62,8 +63,8 @@ std::string QuestSettings::policy_label() const {
     std::string l(page_selector_name(selector));
     if (metadata != MetadataFormat::Fp16) l += "+" + std::string(metadata_format_name(metadata));
     if (page_size != d.page_size) l += "+S" + std::to_string(page_size);
-    if (selector == PageSelector::TwoLevel && sub_page != d.sub_page) l += "+s" + std::to_string(sub_page);
-    if (selector == PageSelector::TwoLevel && shortlist != d.shortlist) l += "+x" + std::to_string(shortlist);
+    if (takes(kUsesSubPages) && sub_page != d.sub_page) l += "+s" + std::to_string(sub_page);
+    if (takes(kUsesSubPages) && shortlist != d.shortlist) l += "+x" + std::to_string(shortlist);
     if (mass_target > 0) {
         char buf[32];
         std::snprintf(buf, sizeof buf, "+p%g", mass_target);

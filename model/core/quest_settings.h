@@ -6,7 +6,8 @@
 #include <string>
 #include <utility>
 
-#include "model/core/selection.h"
+#include "kernels/select/registry.h"
+#include "kernels/select/selection.h"
 #include "model/core/config.h"
 
 namespace quest {
@@ -33,7 +34,9 @@ struct QuestSettings {
     // True when layer `l` runs Quest selection (it may still be dense while the sequence has <= K pages).
     bool quest_layer(int l) const { return !full_attention && l >= dense_layers; }
     // Sub-page size the KV cache must keep metadata for (0 unless the selector is two-level).
-    int cache_sub_page() const { return !full_attention && selector == PageSelector::TwoLevel ? sub_page : 0; }
+    int cache_sub_page() const { return !full_attention && takes(kUsesSubPages) ? sub_page : 0; }
+    // True when the selector takes the setting `use` (SelectorUses, kernels/select/registry.h).
+    bool takes(uint32_t use) const;
     // Throws InputError naming the setting: page size a power of two in [1, 256], budget >= page size, ...
     void validate() const;
     std::string describe() const;  // "quest B=2048 S=16 dense=2 gqa=kv-sum" or "full attention"

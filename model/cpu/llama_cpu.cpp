@@ -7,7 +7,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/common/basic_ops.h"
 #include "kernels/select/quest.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/core/memory.h"
 #include "model/io/safetensors.h"
 #include "model/core/rope.h"

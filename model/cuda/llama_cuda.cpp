@@ -13,10 +13,11 @@
 #include "kernels/linear/gemv.cuh"
 #include "kernels/linear/quant.h"
 #include "kernels/select/page_codes.cuh"
-#include "kernels/select/page_oracle.cuh"
-#include "kernels/select/page_select.cuh"
 #include "kernels/select/quest.cuh"
-#include "model/core/error.h"
+#include "kernels/select/registry.h"
+#include "kernels/select/registry_cuda.h"
+#include "model/core/step_bytes.h"
+#include "kernels/common/error.h"
 #include "model/io/quantize.h"
 #include "model/core/rope.h"
 #include "model/io/safetensors.h"
@@ -56,11 +57,15 @@ size_t weight_bytes(const ModelConfig& c, const LinearGroups& g) {
 
 // True when the Quest layers score int8 / int4 page codes (kernels/select/page_codes.cuh) instead of the fp16 metadata.
 bool uses_page_codes(const QuestSettings& q) {
-    return !q.full_attention && q.selector == PageSelector::Quest && q.metadata != MetadataFormat::Fp16;
+    return !q.full_attention && q.takes(kUsesMetadataFormat) && q.metadata != MetadataFormat::Fp16;
 }
 
-// True when the Quest layers select with the oracle (kernels/select/page_oracle.cuh: every key read, true softmax mass).
-bool uses_oracle(const QuestSettings& q) { return !q.full_attention && q.selector == PageSelector::Oracle; }
+// Floats of the selector's own workspace (CudaSelectorOps::workspace_floats), one layer's, reused by every layer.
+size_t selector_workspace_floats(const ModelConfig& c, const QuestSettings& q, int max_pages) {
+    if (q.full_attention) return 0;
+    const CudaSelectorOps* ops = cuda_selector_ops(q.selector);
+    return ops && ops->workspace_floats ? ops->workspace_floats(c.num_heads, max_pages) : 0;
+}
 
 // Layers that run Quest selection (and keep page codes when uses_page_codes).
 int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {
@@ -69,7 +74,7 @@ int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {
 
 // The device-side bytes-matched budget of the settings (off unless the quest selector with match_bytes).
 MatchedBudget settings_match(const ModelConfig& c, const QuestSettings& q) {
-    if (q.full_attention || q.selector != PageSelector::Quest || !q.match_bytes) return {};
+    if (q.full_attention || !q.takes(kUsesMatchBytes) || !q.match_bytes) return {};
     return matched_budget(q.metadata, c.head_dim, c.num_heads, c.num_kv_heads, q.gqa_policy);
 }
 
@@ -130,8 +135,7 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
                                                                      q.page_budget(), q.gqa_policy, 0,
                                                                      settings_match(c, q))
                                                    .bytes();
-    // The oracle selector's page log-sum-exps (one layer's, reused by every layer).
-    const size_t oracle_ws = uses_oracle(q) ? oracle_workspace_floats(c.num_heads, static_cast<int>(pages)) * 4 : 0;
+    const size_t oracle_ws = selector_workspace_floats(c, q, static_cast<int>(pages)) * 4;
     p.workspace = act + split_ws + quest_ws + oracle_ws + V * 4 + largest_int4(c, g) * 2 /* prefill dequantization */ +
                   (64 << 20) /* cuBLAS and slack */;
     return p;
@@ -141,16 +145,19 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                      LinearGroups groups)
     : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), groups_(std::move(groups)) {
     quest_.validate();
-    if (!quest_.full_attention && quest_.selector == PageSelector::TwoLevel)
+    if (!quest_.full_attention && !cuda_selector_ops(quest_.selector)) {
+        std::string runs;
+        for (PageSelector s : page_selectors())
+            if (cuda_selector_ops(s)) runs += (runs.empty() ? "" : ", ") + std::string(page_selector_name(s));
         throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
-                         "': the CUDA backend runs the quest, streaming and oracle selectors (two-level runs on "
-                         "--backend cpu)");
+                         "': the CUDA backend runs " + runs + " (this one runs on --backend cpu)");
+    }
+    if (!quest_.full_attention) selector_ = cuda_selector_ops(quest_.selector);
     if (!quest_.full_attention && quest_.mass_target > 0)
         throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads a page "
                          "count fixed by the position)");
     if (!quest_.full_attention && quest_.reuse_cos != 0)
         throw InputError("reuse_cos: selection reuse runs on --backend cpu only (the CUDA backend selects every step)");
-    // (match_bytes with a selector other than quest / two-level is refused by validate(); two-level above.)
     if (uses_page_codes(quest_) &&
         (c.head_dim < 8 || c.head_dim > 256 || (c.head_dim & (c.head_dim - 1)) != 0 ||
          (quest_.metadata == MetadataFormat::Int4 && c.head_dim < 16)))
@@ -332,7 +339,7 @@ void CudaLlama::allocate() {
         }
     }
     choose_decode_path();
-    if (uses_oracle(quest_)) oracle_lse_ = DeviceBuffer<float>(oracle_workspace_floats(c_.num_heads, max_pages_));
+    if (const size_t n = selector_workspace_floats(c_, quest_, max_pages_)) selector_ws_ = DeviceBuffer<float>(n);
     // The fills and uploads above ran on the legacy stream, which stream_ (non-blocking) does not wait for.
     CUDA_CHECK(cudaDeviceSynchronize());
     reset();
@@ -410,10 +417,10 @@ PageCodesView CudaLlama::codes_view(int layer) const {
 SelectionTrace CudaLlama::last_selection(int layer) const {
     if (!opts_.record_selections || selection_log_.size() == 0)
         throw std::logic_error("last_selection: needs CudaOptions::record_selections and Quest layers");
-    if (layer < 0 || layer >= c_.num_layers || !quest_.quest_layer(layer) || quest_.selector == PageSelector::Streaming ||
+    if (layer < 0 || layer >= c_.num_layers || !quest_.quest_layer(layer) || !cuda_selector_ops(quest_.selector)->writes_scores ||
         match_.on())
         throw std::logic_error("last_selection: layer " + std::to_string(layer) +
-                               " is not a Quest layer of the quest / oracle selector with a fixed budget");
+                               " is not a Quest layer of a selector that scores pages, with a fixed budget");
     const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
     const int K = quest_.page_budget(), S = quest_.page_size;
     const int P = (pos_ + S - 1) / S;
@@ -802,47 +809,42 @@ void CudaLlama::mark(const char* what) {
 
 void CudaLlama::enqueue_attention(int l, float scale) {
     const KvLayerView kv = kv_view(l);
-    const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
-    // The default Quest path (fp16 bounds, separate top-k) folds RoPE + KV append into its launches: one launch less
-    // per layer (kernels/select/quest.cuh, QuestDecodeOptions::rope). Every other path launches rope_append_kv.
-    const bool quest_default =
-        quest_.quest_layer(l) && quest_.selector == PageSelector::Quest && !opts_.quest_fused && !cv.codes;
-    if (!quest_default) {
+    if (!quest_.quest_layer(l)) {
         rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
         mark("rope + kv append");
-    }
-    if (quest_.quest_layer(l) && quest_.selector == PageSelector::Streaming) {
-        const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
-        streaming_select(quest_ws_.selected, d_pos_.get(), rows, quest_.page_size, quest_.page_budget(), stream_);
-        attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
-                                quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
-        mark("attention streaming");
-    } else if (quest_.quest_layer(l) && quest_.selector == PageSelector::Oracle) {
-        // Every key read for the true page masses (an evaluation yardstick), then Quest's top-k and attention.
-        oracle_select(quest_ws_.selected, quest_ws_.scores, oracle_lse_.get(), q_.get(), kv, d_pos_.get(),
-                      c_.num_heads, quest_.page_budget(), quest_.gqa_policy, scale, stream_);
-        attention_decode_sparse(att_.get(), q_.get(), kv, d_pos_.get(), quest_ws_.selected, c_.num_heads,
-                                quest_.page_budget(), quest_.gqa_policy, scale, quest_ws_, stream_);
-        mark("attention oracle");
-    } else if (quest_.quest_layer(l)) {
-        QuestDecodeOptions qopts;
-        qopts.fused = opts_.quest_fused;
-        if (cv.codes) qopts.codes = &cv;
-        qopts.match = match_;
-        QuestRopeAppend ra;
-        if (quest_default) {
-            ra.qkv = qkv_.get();
-            ra.q_out = q_.get();
-            ra.rope = rope_;
-            qopts.rope = &ra;
-        }
-        quest_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, quest_.page_budget(), quest_.gqa_policy,
-                     scale, quest_ws_, stream_, qopts);
-        mark("attention quest");
-    } else {
         attention_decode(att_.get(), q_.get(), kv, d_pos_.get(), c_.num_heads, scale, opts_.split_tokens, split_ws_,
                          stream_);
         mark("attention full");
+    } else {
+        const PageCodesView cv = codes_view(l);  // int8 / int4 codes: scored instead of the fp16 metadata
+        CudaSelectArgs a;
+        a.out = att_.get();
+        a.q = q_.get();
+        a.kv = kv;
+        a.d_pos = d_pos_.get();
+        a.num_heads = c_.num_heads;
+        a.page_budget = quest_.page_budget();
+        a.policy = quest_.gqa_policy;
+        a.scale = scale;
+        a.ws = quest_ws_;
+        a.codes = cv.codes ? &cv : nullptr;
+        a.match = match_;
+        a.fused = opts_.quest_fused;
+        a.workspace = selector_ws_.get();
+        a.stream = stream_;
+        // A selector may fold the token's RoPE + KV append into its own launches (one launch less per layer).
+        QuestRopeAppend ra;
+        if (selector_->folds_rope_append && selector_->folds_rope_append(a)) {
+            ra.qkv = qkv_.get();
+            ra.q_out = q_.get();
+            ra.rope = rope_;
+            a.rope = &ra;
+        } else {
+            rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
+            mark("rope + kv append");
+        }
+        selector_->decode_layer(a);
+        mark("attention selected");
     }
     if (quest_.quest_layer(l) && opts_.record_selections) {
         const size_t sel = quest_selected_.size(), sc = quest_scores_.size();
@@ -971,30 +973,7 @@ std::span<const float> CudaLlama::decode(int token) {
 }
 
 size_t CudaLlama::decode_bytes() const {
-    const size_t len = static_cast<size_t>(pos_);
-    const size_t kv_token = 2ull * c_.kv_dim() * 2;  // K and V, fp16, per layer
-    size_t kv = 0;
-    for (int l = 0; l < c_.num_layers; ++l) {
-        const size_t pages = (len + quest_.page_size - 1) / quest_.page_size;
-        if (!quest_.quest_layer(l) || pages <= static_cast<size_t>(quest_.page_budget())) {
-            kv += len * kv_token;
-        } else {
-            // The complete pages' metadata in the format scored (fp16 min/max, or codes + scale), then the selected
-            // pages' KV: K pages, or the bytes-matched count. Streaming scores nothing; the oracle reads every key
-            // (the bytes model's keys_scanned: len keys of 2 * head_dim bytes per KV head).
-            size_t meta = 0;
-            if (quest_.selector == PageSelector::Oracle)
-                meta = len * c_.num_kv_heads * 2ull * c_.head_dim;
-            else if (quest_.selector != PageSelector::Streaming)
-                meta = (pages - 1) * c_.num_kv_heads *
-                       static_cast<size_t>(page_metadata_bytes(quest_.metadata, c_.head_dim));
-            const size_t sets = quest_.gqa_policy == GqaPolicy::PerHead ? c_.group_size() : 1;
-            const size_t selected = static_cast<size_t>(
-                codes::step_pages(static_cast<int>(len), quest_.page_size, quest_.page_budget(), match_));
-            kv += meta + sets * selected * quest_.page_size * kv_token;
-        }
-    }
-    return weight_bytes(c_, groups_) + kv;
+    return weight_bytes(c_, groups_) + static_cast<size_t>(quest_step_bytes_model(c_, quest_, pos_).first);
 }
 
 }  // namespace quest

@@ -16,6 +16,7 @@
 #include "kernels/common/device_buffer.h"
 #include "kernels/linear/gemv_int4.cuh"
 #include "kernels/select/quest.cuh"
+#include "kernels/select/registry_cuda.h"
 #include "kernels/common/rope.cuh"
 #include "model/core/config.h"
 
@@ -189,7 +190,8 @@ private:
     DeviceBuffer<__half> xn_, q_, att_, act_;  // xn_: the fp16 input of qkv / gate+up / lm_head (see norm_partials_)
     DeviceBuffer<float> quest_scores_, quest_partial_;
     DeviceBuffer<int> quest_selected_, quest_counters_;
-    DeviceBuffer<float> oracle_lse_;  // oracle selector: [num_heads][max_pages] page log-sum-exps (page_oracle.cuh)
+    const CudaSelectorOps* selector_ = nullptr;  // the Quest layers' selector (kernels/select/registry_cuda.h)
+    DeviceBuffer<float> selector_ws_;  // its own scratch (CudaSelectorOps::workspace_floats), shared by the layers
     QuestWorkspace quest_ws_;
     // CudaOptions::record_selections: [layers][rows][select stride] and [layers][rows][max_pages] copies of
     // quest_selected_ / quest_scores_ after each Quest layer.

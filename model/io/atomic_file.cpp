@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

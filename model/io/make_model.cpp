@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "model/io/atomic_file.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"
 

@@ -1,6 +1,6 @@
 #include "model/io/model_folder.h"
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

@@ -11,7 +11,7 @@
 
 #include "kernels/common/basic_ops.h"
 #include "model/io/atomic_file.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/weights.h"
 #include "tokenizer/tokenizer.h"

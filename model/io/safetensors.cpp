@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/io/atomic_file.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 
 namespace quest {
 

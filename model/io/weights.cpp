@@ -1,6 +1,6 @@
 #include "model/io/weights.h"
 
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/io/quantize.h"
 
 namespace quest {

@@ -13,7 +13,7 @@
 
 #include "model/core/backend.h"
 #include "model/core/quest_settings.h"
-#include "model/core/dtype.h"
+#include "kernels/common/dtype.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"

@@ -15,7 +15,7 @@
 #include "kernels/select/quest.cuh"
 #include "kernels/select/quest.h"
 #include "kernels/common/rope.cuh"
-#include "model/core/dtype.h"
+#include "kernels/common/dtype.h"
 
 #define QUEST_REQUIRE_GPU()                                                                              \
     do {                                                                                                 \

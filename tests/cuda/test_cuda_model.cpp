@@ -18,7 +18,7 @@
 #include "engine/eval.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/io/safetensors.h"

@@ -34,7 +34,7 @@
 #include "kernels/select/quest.cuh"
 #include "kernels/select/quest.h"
 #include "kernels/common/rope.cuh"
-#include "model/core/error.h"
+#include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/io/safetensors.h"

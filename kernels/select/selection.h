@@ -18,7 +18,10 @@ std::string_view gqa_policy_name(GqaPolicy p);
 bool gqa_policy_from_name(std::string_view s, GqaPolicy& out);
 
 // How the K-1 pages besides the last one are chosen at a selecting step.
-enum class PageSelector {
+// Built-in selectors; their definitions (what each reads and how it selects) are in kernels/select/registry.cpp,
+// whose table lists them in this order. A selector registered at run time (register_page_selector) gets the next
+// value.
+enum class PageSelector : int {
     Quest,      // top-(K-1) complete pages by the upper bound U(p, q) (the paper; the default)
     Streaming,  // the first page and the K-2 most recent complete pages: StreamingLLM-like, query-independent
     Oracle,     // top-(K-1) complete pages by the true softmax mass (reads every key: an evaluation yardstick)
@@ -35,8 +38,6 @@ enum class MetadataFormat {
 };
 std::string_view metadata_format_name(MetadataFormat f);
 bool metadata_format_from_name(std::string_view name, MetadataFormat& out);
-std::string_view page_selector_name(PageSelector s);
-bool page_selector_from_name(std::string_view name, PageSelector& out);
 
 // What one selecting step of one layer read, for the bytes model (selection_bytes). Counts are summed over the
 // KV heads (metadata) and the selection rows (KV bytes).

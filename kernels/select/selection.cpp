@@ -1,4 +1,4 @@
-#include "model/core/selection.h"
+#include "kernels/select/selection.h"
 
 namespace quest {
 
@@ -28,25 +28,6 @@ bool metadata_format_from_name(std::string_view name, MetadataFormat& out) {
     for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
         if (name == metadata_format_name(f)) {
             out = f;
-            return true;
-        }
-    return false;
-}
-
-std::string_view page_selector_name(PageSelector s) {
-    switch (s) {
-        case PageSelector::Quest: return "quest";
-        case PageSelector::Streaming: return "streaming";
-        case PageSelector::Oracle: return "oracle";
-        case PageSelector::TwoLevel: return "two-level";
-    }
-    return "?";
-}
-
-bool page_selector_from_name(std::string_view name, PageSelector& out) {
-    for (PageSelector s : {PageSelector::Quest, PageSelector::Streaming, PageSelector::Oracle, PageSelector::TwoLevel})
-        if (name == page_selector_name(s)) {
-            out = s;
             return true;
         }
     return false;

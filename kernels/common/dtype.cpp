@@ -1,4 +1,4 @@
-#include "model/core/dtype.h"
+#include "kernels/common/dtype.h"
 
 #include <cmath>
 #include <stdexcept>
