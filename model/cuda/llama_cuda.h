@@ -19,6 +19,7 @@
 #include "kernels/select/registry_cuda.h"
 #include "kernels/common/rope.cuh"
 #include "model/core/config.h"
+#include "model/cuda/profiler.h"
 
 namespace quest {
 
@@ -156,12 +157,7 @@ private:
     int decode_calls_ = 0;
     size_t device_bytes_ = 0;  // measured with cudaMemGetInfo around the allocations
     size_t free_before_ = 0;   // free device memory before the first allocation
-    // Profiling (CudaOptions::profile): events between kernel groups, milliseconds summed per group.
-    std::vector<cudaEvent_t> profile_events_;
-    std::vector<std::string> profile_names_;
-    size_t marks_used_ = 0;
-    std::map<std::string, double> profile_ms_;
-    int profile_steps_ = 0;
+    StepProfiler profiler_;  // CudaOptions::profile: events between the decode step's kernel groups
 
     // Device memory.
     DeviceBuffer<char> weight_arena_;

@@ -1,0 +1,76 @@
+#pragma once
+// Shapes and sizes shared by the CUDA backend's parts (model/cuda/*.cpp): the device layout of the weights, which
+// Quest buffers the settings need, and the byte arithmetic of the memory plan. Internal to model/cuda.
+#include <algorithm>
+#include <array>
+
+#include "kernels/linear/quant.h"
+#include "kernels/select/quest.cuh"
+#include "kernels/select/registry.h"
+#include "kernels/select/registry_cuda.h"
+#include "model/cuda/llama_cuda.h"
+
+namespace quest::cuda_layout {
+
+constexpr size_t kAlign = 256;
+inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+inline double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
+
+// Rows and columns of the fused linear matrices of a decoder layer: qkv, o, gate|up, down (LinearGroups order).
+inline std::array<std::array<size_t, 2>, 4> linear_shapes(const ModelConfig& c) {
+    const size_t H = c.hidden_size, F = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
+    return {{{q + 2 * kv, H}, {H, q}, {2 * F, H}, {H, F}}};
+}
+
+// Device bytes of one linear matrix: FP16 (group 0) or int4 codes + fp16 scales + uint8 zero points.
+inline size_t linear_bytes(size_t rows, size_t cols, int group) {
+    if (group <= 0) return align_up(rows * cols * 2);
+    const size_t groups = rows * (cols / group);
+    return align_up(rows * cols / 2) + align_up(groups * 2) + align_up(groups);
+}
+
+inline size_t weight_bytes(const ModelConfig& c, const LinearGroups& g) {
+    const size_t H = c.hidden_size, V = c.vocab_size;
+    const auto shapes = linear_shapes(c);
+    size_t total = 0;
+    for (int l = 0; l < c.num_layers; ++l) {
+        for (int k = 0; k < 4; ++k) total += linear_bytes(shapes[k][0], shapes[k][1], g[l][k]);
+        total += 2 * align_up(H * 4);
+    }
+    return total + align_up(V * H * 2) * (c.tie_word_embeddings ? 1 : 2) + align_up(H * 4);
+}
+
+// True when the Quest layers score int8 / int4 page codes (kernels/select/page_codes.cuh) instead of the fp16 metadata.
+inline bool uses_page_codes(const QuestSettings& q) {
+    return !q.full_attention && q.takes(kUsesMetadataFormat) && q.metadata != MetadataFormat::Fp16;
+}
+
+// Floats of the selector's own workspace (CudaSelectorOps::workspace_floats), one layer's, reused by every layer.
+inline size_t selector_workspace_floats(const ModelConfig& c, const QuestSettings& q, int max_pages) {
+    if (q.full_attention) return 0;
+    const CudaSelectorOps* ops = cuda_selector_ops(q.selector);
+    return ops && ops->workspace_floats ? ops->workspace_floats(c.num_heads, max_pages) : 0;
+}
+
+// Layers that run Quest selection (and keep page codes when uses_page_codes).
+inline int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {
+    return q.full_attention ? 0 : std::max(0, c.num_layers - q.dense_layers);
+}
+
+// The device-side bytes-matched budget of the settings (off unless the quest selector with match_bytes).
+inline MatchedBudget settings_match(const ModelConfig& c, const QuestSettings& q) {
+    if (q.full_attention || !q.takes(kUsesMatchBytes) || !q.match_bytes) return {};
+    return matched_budget(q.metadata, c.head_dim, c.num_heads, c.num_kv_heads, q.gqa_policy);
+}
+
+// Elements of the largest int4 matrix (the prefill's FP16 dequantization scratch); 0 without int4.
+inline size_t largest_int4(const ModelConfig& c, const LinearGroups& g) {
+    const auto shapes = linear_shapes(c);
+    size_t n = 0;
+    for (const auto& layer : g)
+        for (int k = 0; k < 4; ++k)
+            if (layer[k] > 0) n = std::max(n, shapes[k][0] * shapes[k][1]);
+    return n;
+}
+
+}  // namespace quest::cuda_layout
