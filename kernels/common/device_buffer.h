@@ -14,6 +14,7 @@ namespace quest {
 template <typename T>
 class DeviceBuffer {
 public:
+    using value_type = T;
     DeviceBuffer() = default;
     explicit DeviceBuffer(size_t n) : n_(n) {
         if (n) CUDA_CHECK(cudaMalloc(&p_, n * sizeof(T)));

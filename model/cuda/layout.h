@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 
+#include "kernels/linear/gemv.cuh"
 #include "kernels/linear/quant.h"
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry.h"
@@ -71,6 +72,15 @@ inline size_t largest_int4(const ModelConfig& c, const LinearGroups& g) {
         for (int k = 0; k < 4; ++k)
             if (layer[k] > 0) n = std::max(n, shapes[k][0] * shapes[k][1]);
     return n;
+}
+
+// Device memory cuBLAS and the allocator's rounding may take beyond the listed buffers (the plan's slack).
+constexpr size_t kCublasSlack = 64ull << 20;
+
+// Partial sums of x^2 the fused decode step's residual GEMVs may write: the FP16 kernel's row blocks, or at most one
+// per two-row tile of an int4 kernel (its persistent grid never exceeds its tiles).
+inline size_t norm_partials_bound(const ModelConfig& c) {
+    return static_cast<size_t>(std::max(gemv_residual_partials(c.hidden_size), (c.hidden_size + 1) / 2));
 }
 
 }  // namespace quest::cuda_layout

@@ -149,7 +149,9 @@ void CudaLlama::choose_decode_path() {
     if (!opts_.fused_epilogues) why = "switched off (--fused-norms off)";
     fused_decode_ = why.empty();
     if (fused_decode_) {
-        norm_partials_ = DeviceBuffer<float>(static_cast<size_t>(std::max(partials, 1)));
+        if (static_cast<size_t>(partials) > norm_partials_.size())
+            throw std::logic_error("choose_decode_path: " + std::to_string(partials) +
+                                   " norm partials exceed the planned " + std::to_string(norm_partials_.size()));
         spdlog::info("decode step: RMSNorm, residual and SwiGLU fused into the GEMV epilogues");
     } else {
         spdlog::info("decode step: separate rms_norm / swiglu kernels ({})", why);

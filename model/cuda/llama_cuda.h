@@ -66,6 +66,10 @@ struct MemoryPlan {
     size_t workspace = 0;  // activations, attention and Quest workspaces, logits
     size_t total() const { return weights + kv_cache + metadata + workspace; }
     std::string describe() const;
+    enum class Kind { Weights, KvCache, Metadata, Workspace };
+    void add(Kind k, size_t bytes) {
+        (k == Kind::Weights ? weights : k == Kind::KvCache ? kv_cache : k == Kind::Metadata ? metadata : workspace) += bytes;
+    }
 };
 // groups: the linear layers' storage (null: uniform_linear_groups(c, o.int4_group)).
 MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
@@ -97,6 +101,9 @@ public:
     size_t device_memory_bytes() const override;  // device memory held (and peak): see the definition
 
     const MemoryPlan& memory_plan() const { return plan_; }
+    // Bytes of the device buffers the backend holds, summed over the same list the plan sums (memory_plan.cpp):
+    // memory_plan().total() less its slack for cuBLAS, unless the all-logits buffer was allocated since.
+    size_t buffer_bytes() const;
     std::string profile_report() const override;
     // Bytes one decode step must read at the current position (weights + KV or Quest's share + metadata).
     size_t decode_bytes() const;
@@ -112,7 +119,14 @@ public:
 
 private:
     CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearGroups groups);
+    // Every device buffer, for plan_memory (self null) and allocate() (memory_plan.cpp).
+    template <class F>
+    static void for_each_buffer(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
+                                const LinearGroups& g, CudaLlama* self, F&& f);
+    friend MemoryPlan plan_memory(const ModelConfig&, const QuestSettings&, int, const CudaOptions&,
+                                  const LinearGroups*);
     void allocate();
+    void carve_weights();
     void load_weights(const ModelFolder& model);
     void randomize_weights(uint64_t seed);
     void enqueue_decode_step();  // every kernel of one decode step on stream_
