@@ -99,7 +99,7 @@ struct GemvVariant {
 #define QUEST_GEMV_VARIANT(R, U, W, KS) \
     GemvVariant{"R" #R " U" #U " W" #W " KS" #KS, gemv_vec_kernel<R, U, W, KS>, (W / KS) * R, W * 32}
 // Candidates measured by quest_kernel_bench; variant 0 is the one gemv() uses (docs/measurements.md says why).
-// H200, 7B shapes (2026-11-29): R2 U4 W8 KS4 was the fastest or within 1% of it on all five shapes.
+// On the H200 at the 7B shapes R2 U4 W8 KS4 was the fastest or within 1% of it on all five.
 const GemvVariant kVariants[] = {
     QUEST_GEMV_VARIANT(2, 4, 8, 4) /* = kFused* */, QUEST_GEMV_VARIANT(2, 4, 4, 1), QUEST_GEMV_VARIANT(1, 4, 8, 1),
     QUEST_GEMV_VARIANT(1, 8, 4, 1), QUEST_GEMV_VARIANT(2, 8, 4, 1), QUEST_GEMV_VARIANT(4, 4, 4, 1),

@@ -11,14 +11,8 @@
 // products per lane half, then summed in fp32 and scaled by the group's fp16 scale in fp32. So the products are
 // fp16-rounded and short fp16 partial sums (8 terms of |q - z| <= 15 times |x|) precede the fp32 accumulation:
 // FP16 tolerance against the fp32 reference, no overflow unless |x| averages > ~500 over 8 neighbouring columns.
-// The "seg ... A16" variants add a chunk's two 8-product sums (even and odd words) in fp16 before the conversion:
-// sums of 16 products (the 16 even or the 16 odd columns of 32 neighbouring ones), so no overflow unless |x|
-// averages > ~270 over those 16 columns; one more fp16 rounding (host emulation at the test shapes: relative L2
-// error 4.9e-4 against 4.3e-4 for the 8-product sums, tolerance 3e-3). The "mma" variants multiply the same exact
-// (q - z) by x on the tensor cores: products exact, summed in fp32 over a segment (128 columns, or the group when
-// smaller), then scaled in fp32: no fp16 rounding at all after x (emulated: ~2e-6 relative), no overflow.
-// The "i16" variants (and "auto" where it picks them, i.e. the default on tall matrices) take x in block floating
-// point per chunk of 32 columns (int16 values, one power-of-two step per chunk, in shared memory) and the codes as
+// The "i16" kernels (the default on tall matrices, below) take x in block floating point
+// per chunk of 32 columns (int16 values, one power-of-two step per chunk, in shared memory) and the codes as
 // bytes: dp4a gives sum (q - z) xi exactly in int32, then one fp32 product with scale * step per chunk. x's fp16
 // values are represented exactly when within 4 binades of the chunk's largest |x| (smaller ones rounded to 2^-16 of
 // it, roughly); no fp16 product or partial sum, no overflow. A NaN or infinite x gives NaN / inf outputs as the
@@ -26,12 +20,13 @@
 // 256 x 4096, x ~ N(0, 0.03) with one outlier channel): relative L2 error 1e-5 .. 1e-4 against the fp16 dot's
 // 2e-4 .. 5e-4 when the outlier's weights are ordinary, about equal when they are the smallest nonzero, but 3e-3
 // (outlier 64) .. 1.3e-2 (300) when they are exactly zero in every row, where its chunk neighbours carry the output
-// with a few bits. QUEST_INT4_GEMV=5 runs the fp16 dot everywhere.
+// with a few bits.
 //
-// Which variant gemv_int4() runs: QUEST_INT4_GEMV=<index> in the environment (an index of the variant list, as
-// quest_kernel_bench gemv4 prints it), read once at the first call, so that whole decode steps can be compared
-// without rebuilding; unset, the compiled default (kDefaultVariant in kernels/linear/gemv_int4.cu); an invalid value warns
-// once on stderr and uses the default. gemv_int4_default_variant() says which.
+// Which kernel gemv_int4() runs, by the matrix's shape (the "auto" rule, kernels/linear/gemv_int4.cu): the i16 dot on
+// tiles of 4 rows where every warp of the persistent grid takes at least two of them, else on tiles of 2 rows where
+// every warp takes at least two of those, else the fp16 dot; rows too wide for x in shared memory run a kernel that
+// reads x from global memory. The fused epilogues below run the same kernels. kernels/linear/gemv_int4_kernels.cuh
+// names them for the tests and the kernel benchmark.
 #include <cstdint>
 
 #include "kernels/common/cuda_common.cuh"
@@ -55,50 +50,18 @@ struct Int4View {
 // the default kernel copies x into cols * 2 bytes of (dynamic) shared memory per block.
 void gemv_int4(float* y, const Int4View& W, const __half* x, cudaStream_t stream);
 
-// The kernel variants gemv_int4() chooses from, for the micro-benchmark and the tests; gemv_int4() runs
-// gemv_int4_default_variant().
-// "seg R W S<n> A<a> [M<m>]": one lane per segment of the device layout (a whole group of 128 columns for group
-// >= 128), a persistent grid of at most n warps per SM (W per block) streaming tiles of R rows, fp16 sums of a
-// products (registers capped for m warps per SM).
-// "mma W P<p> S<n>": tensor cores (mma.sync m16n8k16), blocks of W warps streaming 16-row tiles (the warps split a
-// tile's columns), codes by cp.async into per-warp rings of p stages, at most n warps per SM.
-// "stream R U W S<n>": a persistent grid of at most n warps per SM, each warp streaming tiles of R rows with U
-// 16-byte loads per row per lane kept in flight across rows (W warps per block, x in shared memory).
-// "async R U W P<p> S<n>": the same tiling, the codes copied by cp.async into a per-warp ring of p stages in shared
-// memory (p - 1 items in flight without holding registers).
-// "stream R U W S<n> i16": the stream kernel with the integer dot (above); "... auto": i16 where every warp of the
-// grid takes at least two tiles (the per-block conversion of x is then paid back), the fp16 dot elsewhere;
-// "stream R4 U2 / R2 U4 W8 S16 auto" (the compiled default): the i16 dot on tiles of 4 rows where every warp takes
-// at least two of them (the 7B gate+up), else as "auto".
-// "R U W KS" (legacy, the default before the stream kernel): R rows per warp, U loads in flight per row, W warps
-// per block, KS warps splitting a row's columns. Arithmetic: above; kernels/linear/gemv_int4.cu has details.
-int gemv_int4_variant_count();
-const char* gemv_int4_variant_name(int v);
-void gemv_int4_variant(int v, float* y, const Int4View& W, const __half* x, cudaStream_t stream);
-// The variant gemv_int4() runs (QUEST_INT4_GEMV or the compiled default, above).
-int gemv_int4_default_variant();
-// A QUEST_INT4_GEMV value: the variant index (decimal digits only, < gemv_int4_variant_count()), else -1.
-int gemv_int4_parse_variant(const char* text);
-
-// The decode step's fused epilogues (kernels/linear/gemv_epilogue.h), on the kernel of gemv_int4_fused_variant(): variant
-// 35 ("stream R4 U2 / R2 U4 W8 S16 auto", the compiled default: the i16 dot on 4-row tiles for matrices of at least
-// 2 x 16 such tiles per SM, else the i16 dot on 2-row tiles for at least 2 x 16 of those per SM, the fp16 dot below
-// that), or 5 / 30 / 34 (always fp16 / always i16 / the previous "auto" without 4-row tiles) when QUEST_INT4_GEMV
-// names them: the same tile sums as that variant, then
+// The decode step's fused epilogues (kernels/linear/gemv_epilogue.h), on the kernel gemv_int4() runs (the auto rule
+// above): the same tile sums, then
 //   gemv_int4_scaled:   y[r] = (W fp16(xg inv))[r]: the input normalised in shared memory  (qkv)
 //   gemv_int4_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i; rows even; the device layout's
 //                       permutation is per row, so the interleave is a row order):
 //                       act[i] = fp16(silu(v[2i]) * v[2i + 1]), v = W fp16(xg inv)   (gate+up; act [rows / 2])
 //   gemv_int4_residual: ResidualNorm with n = rows: x += W x_in, xg = fp16(x g), per-block partial sums of x^2
 //                       (gemv_int4_residual_partials of them)                             (o, down)
-// inv = rsqrtf(ss / norm.n + eps), ss = the sum of norm.partials[0 .. norm.count), added by every block. They require gemv_int4_fused_supported(W) (x in shared memory: cols up to
-// about 24K) and a 16-byte aligned input, whatever QUEST_INT4_GEMV says; gemv_int4_fused_available(W) adds that
-// gemv_int4() runs the same kernel (the default variant), which is when the model uses them (otherwise it keeps
-// rms_norm + gemv_int4 + swiglu, so that QUEST_INT4_GEMV still compares whole steps). No allocation or
-// synchronisation (graph-safe).
-int gemv_int4_fused_variant();  // the variant whose kernels they run (5, 30, 34 or 35; 35 unless QUEST_INT4_GEMV says)
+// inv = rsqrtf(ss / norm.n + eps), ss = the sum of norm.partials[0 .. norm.count), added by every block. They require
+// gemv_int4_fused_supported(W) (x in shared memory: cols up to about 24K) and a 16-byte aligned input. No allocation
+// or synchronisation (graph-safe).
 bool gemv_int4_fused_supported(const Int4View& W);
-bool gemv_int4_fused_available(const Int4View& W);
 void gemv_int4_scaled(float* y, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream);
 void gemv_int4_swiglu(__half* act, const Int4View& W, const __half* xg, const NormScale& norm, cudaStream_t stream);
 void gemv_int4_residual(const ResidualNorm& out, const Int4View& W, const __half* x, cudaStream_t stream);

@@ -93,12 +93,9 @@ void require_kv(const KvLayerView& kv, int num_heads, int page_budget) {
 // == T (lowest page ids) at their ascending-order positions (an exclusive block scan of packed (greater, equal)
 // counts). No page cap. That is topk_select_row: any row length (the fused kernel's select beyond 2,048 candidates).
 // quest_top_k runs topk_select_row_reg (below) when the row stride is at most 8192 (128K tokens at S = 16): the same
-// select with the keys in registers and fewer dependent steps (H200, 32K, B = 2048: 4.2 us on the critical path of a
-// graph of Quest layers instead of 6.0; docs/measurements.md, sixth session); so does the fused kernel up to 2,048.
+// select with the keys in registers and fewer dependent steps (faster on the critical path of a graph of Quest
+// layers: docs/performance.md); so does the fused kernel up to 2,048.
 // ---------------------------------------------------------------------------------------------------------------------
-#ifndef QUEST_TOPK_MATCH
-#define QUEST_TOPK_MATCH 0  // 1: warp-aggregated atomics via __match_any_sync (tuning knob; measured slower on H200)
-#endif
 constexpr int kTopkThreads = 512;
 constexpr int kTopkWarps = kTopkThreads / 32;
 constexpr int kTopkBins = 2048;
@@ -204,10 +201,6 @@ struct RadixSelect {
 
 // One histogram count per key of the warp; bin < 0: this lane has no key. Every lane of the warp calls it.
 __device__ __forceinline__ void hist_add(int* hist, int bin) {
-#if QUEST_TOPK_MATCH
-    const unsigned peers = __match_any_sync(0xffffffffu, bin);
-    if (bin >= 0 && (threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-#else
     // A warp whose keys all fall in one bin (ties) adds once; otherwise one atomic per key.
     const int bin0 = __shfl_sync(0xffffffffu, bin, 0);
     if (__all_sync(0xffffffffu, bin == bin0)) {
@@ -215,7 +208,6 @@ __device__ __forceinline__ void hist_add(int* hist, int bin) {
     } else if (bin >= 0) {
         atomicAdd(&hist[bin], 1);
     }
-#endif
 }
 
 // The bin of a BINS-bin histogram (a higher bin = larger keys) that holds the krem-th largest counted key, found by
@@ -393,7 +385,7 @@ __device__ void topk_select_row(int* __restrict__ out, const float* in, int n, i
 // The select for rows whose candidates fit in registers (n <= kTopkThreads * KPT; the launcher picks KPT from the
 // score stride): the same radix select and the same output as topk_select_row, with fewer dependent steps per warp.
 //   - Thread t holds keys t + u * THREADS (u < KPT) in registers: no shared key cache, no re-reads.
-//   - 12-bit digits (4096 bins, 16 KB; 13 bits measured 0.2-0.7% slower in the whole step, H200): at the row sizes
+//   - 12-bit digits (4096 bins, 16 KB; 13 bits were slower: docs/performance.md): at the row sizes
 //     of a long context the first pass usually leaves few keys in the threshold bin.
 //   - Three barriers per pass, as in topk_select_row (find_threshold_bin).
 //   - When the threshold bin holds more keys than needed but at most 32, they are gathered and ranked by one warp

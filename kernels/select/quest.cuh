@@ -138,10 +138,9 @@ void attention_decode_sparse(__half* out, const __half* q, const KvLayerView& kv
 
 // How quest_decode launches its steps (benchmarks and tests compare the paths; the results are the same).
 struct QuestDecodeOptions {
-    // true: quest_page_scores_top_k + attention (2 launches); false (default): the 3 separate launches. Measured on
-    // the H200 (docs/measurements.md, eleventh session): the fused path is slower at 32K (36.6 vs 26.8 us per layer
-    // at B = 2048 in a graph of Quest layers; whole int4 step 3.38 vs 2.57 ms): the last block of each KV head runs
-    // the select on 128 threads after the scoring, a serial tail.
+    // true: quest_page_scores_top_k + attention (2 launches); false (default): the 3 separate launches. The fused
+    // path is slower (docs/performance.md): the last block of each KV head runs the select on 128 threads after the
+    // scoring, a serial tail.
     bool fused = false;
     // Non-null: score from these int8 / int4 page codes (quest_code_scores, kernels/select/page_codes.cuh; it also writes
     // the codes of the page the current token completes) instead of kv.kmin / kv.kmax. Not with `fused`.

@@ -119,16 +119,14 @@ CudaLlama::~CudaLlama() {
 void CudaLlama::choose_decode_path() {
     const int H = c_.hidden_size, F = c_.intermediate_size, qd = c_.q_dim();
     // Why the fused decode step cannot run, or empty. Every matrix must have a fused kernel: FP16 with cols % 8 == 0
-    // (stories260K's 172-wide down projection runs the scalar GEMV), int4 with the default GEMV variant.
+    // (stories260K's 172-wide down projection runs the scalar GEMV), int4 with x in shared memory (cols up to ~24K).
     std::string why;
     auto check = [&](const __half* w16, const Int4View& w4, const __half* x, int cols, const char* what) {
         if (!why.empty()) return;
         if (w4.valid()) {
-            if (!gemv_int4_fused_available(w4))
-                why = std::string("int4 ") + what + ": GEMV variant " + std::to_string(gemv_int4_default_variant()) +
-                      " (" + gemv_int4_variant_name(gemv_int4_default_variant()) +
-                      ", QUEST_INT4_GEMV) has no fused epilogue" +
-                      (gemv_int4_fused_supported(w4) ? "" : ", or the rows are too wide for it");
+            if (!gemv_int4_fused_supported(w4))
+                why = std::string("int4 ") + what + ": " + std::to_string(w4.cols) +
+                      " columns, too wide for the fused GEMV";
         } else if (!gemv_fused_supported(w16, x, cols)) {
             why = std::string(what) + ": " + std::to_string(cols) + " columns, not a multiple of 8 (scalar GEMV)";
         }

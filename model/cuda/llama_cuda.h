@@ -37,8 +37,8 @@ struct CudaOptions {
     int int4_group = 0;
     // Decode step: the RMSNorms, residual adds and SwiGLU in the epilogues of the GEMVs around them
     // (kernels/linear/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs), when every
-    // linear matrix has a fused kernel; chosen once at load and logged. H200, 7B shape, p50 (docs/measurements.md):
-    // FP16 32K Quest 4.82 -> 4.61 ms, 4K full 4.47 -> 4.28; int4 32K Quest 3.10 -> 2.88. false: the separate kernels.
+    // linear matrix has a fused kernel; chosen once at load and logged (faster: docs/performance.md). false: the
+    // separate kernels.
     bool fused_epilogues = true;
     // Tests and diagnostics: after each Quest layer of a decode step, copy its selected pages and page scores to a
     // per-layer log (two device-to-device copies per Quest layer, in the graph), read by last_selection().

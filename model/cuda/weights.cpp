@@ -203,9 +203,8 @@ void CudaLlama::load_weights(const ModelFolder& model) {
     if (clamped_total)
         spdlog::warn("{} weight values were outside the FP16 range and were clamped (BF16/F32 checkpoint)", clamped_total);
     if (int4_count)
-        spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest); decode GEMV {} "
-                     "({}, QUEST_INT4_GEMV)", int4_count, 7 * c_.num_layers, quantized_on_load,
-                     gemv_int4_default_variant(), gemv_int4_variant_name(gemv_int4_default_variant()));
+        spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest)", int4_count,
+                     7 * c_.num_layers, quantized_on_load);
     // cudaMemcpy from pageable memory may return before its DMA lands; stream_ is non-blocking: settle everything.
     CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -239,8 +238,7 @@ void CudaLlama::randomize_weights(uint64_t seed) {
     if (std::any_of(layers_.begin(), layers_.end(), [](const Layer& l) {
             return l.qkv4.valid() || l.o4.valid() || l.gu4.valid() || l.down4.valid();
         }))
-        spdlog::info("random int4 weights; decode GEMV {} ({}, QUEST_INT4_GEMV)", gemv_int4_default_variant(),
-                     gemv_int4_variant_name(gemv_int4_default_variant()));
+        spdlog::info("random int4 weights");
 }
 
 }  // namespace quest

@@ -6,13 +6,14 @@
 //   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named:
 //   all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of quest; fused:
 //   one layer's GEMVs with and without the fused epilogues). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
-//   name contains the text (e.g. one variant and shape under Nsight Compute).
+//   name contains the text (e.g. one kernel and shape under Nsight Compute).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "kernels/common/elementwise.cuh"
 #include "kernels/linear/gemv.cuh"
 #include "kernels/linear/gemv_int4.cuh"
+#include "kernels/linear/gemv_int4_kernels.cuh"
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
 #include "tests/cuda/bench_read.h"
@@ -106,14 +108,11 @@ void bench_gemv() {
 }
 
 // The int4 GEMV (group 128) at the 7B shapes: bytes = packed codes + fp16 scales + uint8 zero points + x + y.
-// Also the prefill's dequantize-to-FP16 (bytes read + written). Every variant is listed with its index (what
-// QUEST_INT4_GEMV takes); "gemv int4 g128" marks the one gemv_int4() runs.
+// Also the prefill's dequantize-to-FP16 (bytes read + written). gemv_int4 ("gemv int4 g128", with the kernel its
+// auto rule picks for the shape), then every kernel it chooses from ("  int4 kernel").
 void bench_gemv_int4() {
     struct Shape { const char* name; int rows, cols; };
     const int group = 128;
-    const int chosen = gemv_int4_default_variant();
-    std::printf("gemv_int4 runs variant %d (%s); QUEST_INT4_GEMV=<index> picks another\n", chosen,
-                gemv_int4_variant_name(chosen));
     for (Shape s : {Shape{"qkv 12288x4096", 12288, 4096}, Shape{"o 4096x4096", 4096, 4096},
                     Shape{"gate|up 22016x4096", 22016, 4096}, Shape{"down 4096x11008", 4096, 11008}}) {
         const size_t words = size_t(s.rows) * s.cols / 8, groups = size_t(s.rows) * s.cols / group;
@@ -129,24 +128,25 @@ void bench_gemv_int4() {
             return Int4View{q.get() + words * c, sc.get() + groups * c, z.get() + groups * c, s.rows, s.cols, group};
         };
         const double bytes = packed + s.cols * 2.0 + s.rows * 4.0;
-        // Every variant (gemv_int4's default is marked), isolated launches, then 16 launches back to back (as in the
-        // decode graph: each one's weight loads start under the previous one's tail, programmatic dependent
-        // launch), time per launch.
-        for (int v = 0; v < gemv_int4_variant_count(); ++v) {
-            const std::string name = std::string(v == chosen ? "gemv int4 g128 " : "  int4 variant ") +
-                                     std::to_string(v) + " [" + gemv_int4_variant_name(v) + "] " + s.name;
+        // gemv_int4 (v = -1), then each kernel it chooses from: isolated launches, then 16 launches back to back
+        // (as in the decode graph: each one's weight loads start under the previous one's tail, programmatic
+        // dependent launch), time per launch.
+        for (int v = -1; v < int(std::size(kInt4Kernels)); ++v) {
+            const std::string name =
+                v < 0 ? std::string("gemv int4 g128 [") + gemv_int4_kernel_name(gemv_int4_kernel_for(view(0))) + "] " +
+                            s.name
+                      : std::string("  int4 kernel [") + gemv_int4_kernel_name(kInt4Kernels[v]) + "] " + s.name;
             if (!selected(name)) continue;
-            const double tv = time_ms([&](int i) {
-                const int c = i % copies;
-                gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols, nullptr);
-            });
+            auto run = [&](int c) {
+                float* yc = y.get() + size_t(c) * s.rows;
+                const __half* xc = x.get() + size_t(c) * s.cols;
+                if (v < 0) gemv_int4(yc, view(c), xc, nullptr);
+                else gemv_int4_run(kInt4Kernels[v], yc, view(c), xc, nullptr);
+            };
+            const double tv = time_ms([&](int i) { run(i % copies); });
             report(name, tv, bytes);
             const double tb = time_ms([&](int i) {
-                for (int k = 0; k < 16; ++k) {
-                    const int c = (i * 16 + k) % copies;
-                    gemv_int4_variant(v, y.get() + size_t(c) * s.rows, view(c), x.get() + size_t(c) * s.cols,
-                                      nullptr);
-                }
+                for (int k = 0; k < 16; ++k) run((i * 16 + k) % copies);
             }) / 16;
             report(name + " x16", tb, bytes);
         }

@@ -1,5 +1,5 @@
 // The decode step's fused GEMV epilogues (kernels/linear/gemv_epilogue.h) against the composition of the unfused kernels
-// they replace, FP16 (gemv.cuh, variant 0's kernel) and int4 (gemv_int4.cuh, the fused variant's kernel):
+// they replace, FP16 (gemv.cuh, variant 0's kernel) and int4 (gemv_int4.cuh, the kernel gemv_int4 runs on the shape):
 //   scaled   = rms_norm + gemv                       (qkv, lm_head)
 //   swiglu   = rms_norm + gemv + swiglu, gate and up rows interleaved (gate+up)
 //   residual = gemv + the residual add of rms_norm, plus xg = fp16(x g) and ss = sum x^2   (o, down)
@@ -52,9 +52,10 @@ struct Matrix {
         if (grp > 0) w4 = std::make_unique<DeviceInt4>(quantize_int4(W.data(), r, c, grp));
         else w16 = upload(to_half(W));
     }
-    // The unfused GEMV (the same kernel as the fused one: variant 0, or the int4 fused variant).
+    // The unfused GEMV (the same kernel as the fused one: variant 0, or gemv_int4, whose auto rule the fused
+    // int4 epilogues follow).
     void gemv(float* y, const __half* x, cudaStream_t s) const {
-        if (w4) gemv_int4_variant(gemv_int4_fused_variant(), y, w4->view, x, s);
+        if (w4) gemv_int4(y, w4->view, x, s);
         else gemv_variant(0, y, w16.get(), x, rows, cols, s);
     }
     void scaled(float* y, const __half* xg, const NormScale& n, cudaStream_t s) const {

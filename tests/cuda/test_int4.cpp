@@ -1,10 +1,10 @@
-// 4-bit weights on the GPU: the fused dequantize + GEMV (every variant) against the CPU reference at Llama-2-7B and
+// 4-bit weights on the GPU: the fused dequantize + GEMV (gemv_int4 and every kernel it chooses from) against the CPU reference at Llama-2-7B and
 // odd shapes, the dequantize-to-FP16 kernel bit for bit, the GEMV inside a captured graph behind a programmatic
 // dependent launch, and the CUDA backend on int4 weights against the CPU backend on the same quantized weights.
 //
 // Tolerances: the GEMV multiplies (q - z) by x in fp16 and sums 8 products in fp16 before the fp32 accumulation
 // (kernels/linear/gemv_int4.cuh), so against the fp32 reference on the same codes it is within 3e-3 relative L2 (fp16
-// rounding ~5e-4 per product); the i16 variants (x in per-chunk block floating point, integer dot) are held to the
+// rounding ~5e-4 per product); the i16 kernels (x in per-chunk block floating point, integer dot) are held to the
 // same bound and, where x is exactly representable, to 1e-5 of a double reference. The whole model: 2e-2 relative
 // L2 on the logits, as the FP16 backend.
 #include <gmock/gmock.h>
@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <random>
 
 #include "../test_util.h"
@@ -23,6 +24,7 @@
 #include "kernels/common/basic_ops.h"
 #include "kernels/common/elementwise.cuh"
 #include "kernels/linear/gemv_int4.cuh"
+#include "kernels/linear/gemv_int4_kernels.cuh"
 #include "kernels/linear/quant.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/io/quantize.h"
@@ -70,7 +72,7 @@ struct GemvShape {
     int rows, cols, group;
 };
 
-// gemv_int4 and every variant against matvec_int4_ref on the same codes and fp16-rounded x, outputs poisoned.
+// gemv_int4 and every kernel it chooses from against matvec_int4_ref on the same codes and fp16-rounded x, outputs poisoned.
 void check_gemv(const std::vector<GemvShape>& shapes, uint32_t seed) {
     std::mt19937 g(seed);
     for (const GemvShape& s : shapes) {
@@ -88,12 +90,12 @@ void check_gemv(const std::vector<GemvShape>& shapes, uint32_t seed) {
         auto got = y.download();
         EXPECT_TRUE(all_finite(got));
         EXPECT_LE(rel_err(got, want), kGemvTol);
-        for (int v = 0; v < gemv_int4_variant_count(); ++v) {  // every candidate kernel, not just the default
+        for (Int4Kernel k : kInt4Kernels) {  // every kernel, not just the one the shape picks
             y.fill_bytes(0xFF);
-            gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+            gemv_int4_run(k, y.get(), dW.view, dx.get(), nullptr);
             got = y.download();
-            EXPECT_TRUE(all_finite(got)) << gemv_int4_variant_name(v);
-            EXPECT_LE(rel_err(got, want), kGemvTol) << gemv_int4_variant_name(v);
+            EXPECT_TRUE(all_finite(got)) << gemv_int4_kernel_name(k);
+            EXPECT_LE(rel_err(got, want), kGemvTol) << gemv_int4_kernel_name(k);
         }
     }
 }
@@ -107,9 +109,8 @@ TEST(CudaInt4, GemvAtLlama7BShapes) {
                21);
 }
 
-// Odd sizes: one row, rows that do not fill a block or a tile (rows % 4 != 0 for the R = 2 / 4 rows-per-tile
-// variants), one chunk per row, one group per row, column segments longer than the row (KS > 1 variants with empty
-// segments), rows whose chunks do not fill the 32 lanes (384 and 640 columns: 12 and 20 chunks; 11008: 344 chunks,
+// Odd sizes: one row, rows that do not fill a block or a tile (rows % 4 != 0 for the 2 / 4 rows-per-tile
+// kernels), one chunk per row, one group per row, rows whose chunks do not fill the 32 lanes (384 and 640 columns: 12 and 20 chunks; 11008: 344 chunks,
 // a last batch with idle lanes and, for U = 4, an empty slot). Small enough for compute-sanitizer.
 TEST(CudaInt4, GemvAtOddSizes) {
     QUEST_REQUIRE_GPU();
@@ -119,10 +120,9 @@ TEST(CudaInt4, GemvAtOddSizes) {
                25);
 }
 
-// Segment boundaries of the device layout (kernels/linear/int4_layout.h) for the seg / mma variants: one group of 128
-// columns per row (one segment, 31 idle lanes / 3 idle lanes of 4), three groups of 64, 33 segments (a second batch
-// of one segment), 65 segments of group 64 (S = 2), group 32 with several batches and a partial one (S = 1: 4
-// segments per lane in an item), rows that are not a multiple of the 16-row tiles of the mma variants.
+// Segment boundaries of the device layout (kernels/linear/int4_layout.h, int4_chunk_slot): one group of 128 columns
+// per row (one segment), three groups of 64, 33 segments (a second batch of one segment), 65 segments of group 64
+// (S = 2), group 32 with several batches and a partial one (S = 1), rows that are not a multiple of 16.
 TEST(CudaInt4, GemvAtSegmentBoundaries) {
     QUEST_REQUIRE_GPU();
     check_gemv({{13, 128, 128}, {11, 192, 64}, {19, 4224, 128}, {21, 4160, 64}, {35, 4096, 32}, {40, 4096, 128},
@@ -130,20 +130,19 @@ TEST(CudaInt4, GemvAtSegmentBoundaries) {
                27);
 }
 
-// The stream / async variants run a grid of at most 8-16 warps per SM that each take several tiles (R rows) in
-// turn, with the next tile's loads issued while the current one is multiplied; on a 132-SM H200 these shapes give
-// the warps two or more tiles each (rows / R > 132 * 16 for R = 2; R = 4 gets there with 9001 rows, and all
-// variants with 8 warps per SM with 5003), with a partial last tile and idle lanes in the last batch. The mma
-// variants' blocks (at most 3-4 per SM) take several 16-row tiles each, their rings running across tiles.
+// The stream kernels run a grid of at most 16 warps per SM that each take several tiles (R rows) in turn, with the
+// next tile's loads issued while the current one is multiplied; on a 132-SM H200 these shapes give the warps two or
+// more tiles each (rows / R > 132 * 16: R = 2 from 4225 rows, R = 4 with 9001), with a partial last tile and idle
+// lanes in the last batch.
 TEST(CudaInt4, GemvWithManyTilesPerWarp) {
     QUEST_REQUIRE_GPU();
     check_gemv({{9001, 384, 128}, {5003, 640, 32}, {4403, 4096, 128}, {4501, 11008, 128}}, 26);
 }
 
-// The integer dot ("i16" variants; "auto" runs it on tall matrices): with every x within 4 binades of its chunk's
+// The integer dot (the "i16" kernels; gemv_int4 runs them on tall matrices): with every x within 4 binades of its chunk's
 // largest |x| (here |x| in [1/4, 1)) x is held exactly and sum (q - z) x is exact in int32, so the result is the
 // exact dot up to the fp32 rounding of one product per chunk and the sums over chunks and lanes: within 1e-5
-// relative L2 of a double-precision reference (the fp16-dot variants are at ~3e-4 on these inputs, so this tells
+// relative L2 of a double-precision reference (the fp16-dot kernels are at ~3e-4 on these inputs, so this tells
 // the two arithmetics apart).
 TEST(CudaInt4, GemvI16IsExactOnBlockFloatingPointInputs) {
     QUEST_REQUIRE_GPU();
@@ -167,20 +166,19 @@ TEST(CudaInt4, GemvI16IsExactOnBlockFloatingPointInputs) {
         const DeviceInt4 dW(m);
         auto dx = upload(to_half(x));
         DeviceBuffer<float> y(s.rows);
-        for (int v = 0; v < gemv_int4_variant_count(); ++v) {
-            if (!std::strstr(gemv_int4_variant_name(v), "i16")) continue;
+        for (Int4Kernel k : {Int4Kernel::I16R2, Int4Kernel::I16R4}) {
             y.fill_bytes(0xFF);
-            gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+            gemv_int4_run(k, y.get(), dW.view, dx.get(), nullptr);
             const auto got = y.download();
-            EXPECT_TRUE(all_finite(got)) << gemv_int4_variant_name(v);
-            EXPECT_LE(rel_err(got, want), 1e-5) << gemv_int4_variant_name(v);
+            EXPECT_TRUE(all_finite(got)) << gemv_int4_kernel_name(k);
+            EXPECT_LE(rel_err(got, want), 1e-5) << gemv_int4_kernel_name(k);
             ++tested;
         }
     }
-    EXPECT_GE(tested, 5);
+    EXPECT_EQ(tested, 10);
 }
 
-// A NaN or an infinity in x reaches every output as a non-finite value, in every variant (the i16 conversion must
+// A NaN or an infinity in x reaches every output as a non-finite value, in every kernel (the i16 conversion must
 // not turn it into an integer; the fp16 dot multiplies it into every row).
 TEST(CudaInt4, GemvPropagatesNonFiniteInputs) {
     QUEST_REQUIRE_GPU();
@@ -194,12 +192,12 @@ TEST(CudaInt4, GemvPropagatesNonFiniteInputs) {
             auto x = random_floats(g, s.cols);
             x[100] = bad;
             auto dx = upload(to_half(x));
-            for (int v = -1; v < gemv_int4_variant_count(); ++v) {
+            for (int v = -1; v < int(std::size(kInt4Kernels)); ++v) {
                 SCOPED_TRACE(::testing::Message() << s.rows << "x" << s.cols << " x[100] = " << bad << " "
-                                                  << (v < 0 ? "gemv_int4" : gemv_int4_variant_name(v)));
+                                                  << (v < 0 ? "gemv_int4" : gemv_int4_kernel_name(kInt4Kernels[v])));
                 y.fill_bytes(0);
                 if (v < 0) gemv_int4(y.get(), dW.view, dx.get(), nullptr);
-                else gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+                else gemv_int4_run(kInt4Kernels[v], y.get(), dW.view, dx.get(), nullptr);
                 const auto got = y.download();
                 int finite = 0;
                 for (float o : got) finite += std::isfinite(o);
@@ -229,12 +227,12 @@ TEST(CudaInt4, GemvWithMassiveActivations) {
     auto got = y.download();
     EXPECT_TRUE(all_finite(got));
     EXPECT_LE(rel_err(got, want), kGemvTol);
-    for (int v = 0; v < gemv_int4_variant_count(); ++v) {
+    for (Int4Kernel k : kInt4Kernels) {
         y.fill_bytes(0xFF);
-        gemv_int4_variant(v, y.get(), dW.view, dx.get(), nullptr);
+        gemv_int4_run(k, y.get(), dW.view, dx.get(), nullptr);
         got = y.download();
-        EXPECT_TRUE(all_finite(got)) << gemv_int4_variant_name(v);
-        EXPECT_LE(rel_err(got, want), kGemvTol) << gemv_int4_variant_name(v);
+        EXPECT_TRUE(all_finite(got)) << gemv_int4_kernel_name(k);
+        EXPECT_LE(rel_err(got, want), kGemvTol) << gemv_int4_kernel_name(k);
     }
 }
 
@@ -275,14 +273,14 @@ TEST(CudaInt4, GemvInsideAGraphAfterAProducerKernel) {
     DeviceBuffer<float> y(rows);
     cudaStream_t s;
     CUDA_CHECK(cudaStreamCreate(&s));  // a blocking stream: ordered after the uploads and fills below
-    // gemv_int4 (v = -1), then every variant: each issues its first weight loads before the wait.
-    for (int v = -1; v < gemv_int4_variant_count(); ++v) {
-        SCOPED_TRACE(v < 0 ? std::string("gemv_int4") : std::string(gemv_int4_variant_name(v)));
+    // gemv_int4 (v = -1), then every kernel it chooses from: each issues its first weight loads before the wait.
+    for (int v = -1; v < int(std::size(kInt4Kernels)); ++v) {
+        SCOPED_TRACE(v < 0 ? std::string("gemv_int4") : std::string(gemv_int4_kernel_name(kInt4Kernels[v])));
         auto gemv = [&] {
             if (v < 0)
                 gemv_int4(y.get(), dW.view, xn.get(), s);
             else
-                gemv_int4_variant(v, y.get(), dW.view, xn.get(), s);
+                gemv_int4_run(kInt4Kernels[v], y.get(), dW.view, xn.get(), s);
         };
         rms_norm(xn.get(), x32.get(), nullptr, dnorm.get(), 1, cols, 1e-5f, s);  // warm-up outside the capture
         gemv();
@@ -311,19 +309,24 @@ TEST(CudaInt4, GemvInsideAGraphAfterAProducerKernel) {
     cudaStreamDestroy(s);
 }
 
-// QUEST_INT4_GEMV: a decimal variant index, anything else falls back to the compiled default (the variable itself
-// is read once per process, so only the parser and the choice's validity are checked here).
-TEST(CudaInt4, VariantChoiceParsesIndicesOnly) {
-    const int n = gemv_int4_variant_count();
-    EXPECT_EQ(gemv_int4_parse_variant("0"), 0);
-    EXPECT_EQ(gemv_int4_parse_variant(std::to_string(n - 1).c_str()), n - 1);
-    for (const char* bad : {"", "-1", "1x", " 1", "stream", "99999999999999999999"})
-        EXPECT_EQ(gemv_int4_parse_variant(bad), -1) << bad;
-    EXPECT_EQ(gemv_int4_parse_variant(std::to_string(n).c_str()), -1);
-    EXPECT_EQ(gemv_int4_parse_variant(nullptr), -1);
-    const int v = gemv_int4_default_variant();
-    EXPECT_GE(v, 0);
-    EXPECT_LT(v, n);
+// The auto rule: the i16 dot on 4-row tiles where every warp of the persistent grid (16 per SM) takes at least two of
+// them, else on 2-row tiles where every warp takes at least two of those, else the fp16 dot; x beyond shared memory
+// (48 KB) the wide kernel. On a 132-SM H200: gate+up I16R4, qkv I16R2, o and down Fp16R2.
+TEST(CudaInt4, AutoRuleChoosesByShape) {
+    QUEST_REQUIRE_GPU();
+    int sms = 0;
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+    const int64_t two_rounds = int64_t{2} * sms * 16;
+    auto expect = [&](int rows, int cols) {
+        if ((rows + 3) / 4 >= two_rounds) return cols * 2 + cols / 4 > 48 * 1024 ? Int4Kernel::Wide : Int4Kernel::I16R4;
+        if ((rows + 1) / 2 >= two_rounds) return cols * 2 + cols / 4 > 48 * 1024 ? Int4Kernel::Wide : Int4Kernel::I16R2;
+        return cols * 2 > 48 * 1024 ? Int4Kernel::Wide : Int4Kernel::Fp16R2;
+    };
+    for (auto [rows, cols] : {std::pair{22016, 4096}, {12288, 4096}, {4096, 4096}, {4096, 11008}, {8, 32768},
+                              {22016, 24576}, {4096, 24576}, {1, 32}}) {
+        const Int4View v{reinterpret_cast<const uint32_t*>(16), nullptr, nullptr, rows, cols, 32};
+        EXPECT_EQ(int(gemv_int4_kernel_for(v)), int(expect(rows, cols))) << rows << "x" << cols;
+    }
 }
 
 TEST(CudaInt4, RejectsBadArguments) {

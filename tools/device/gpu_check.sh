@@ -1,8 +1,7 @@
 #!/bin/bash
 # One call on the GPU machine (the device tool), from the repository root, with .device-bin and .device-deps carried
 # (tools/device/stage.sh prepares them). Stages (default: all): tests sanitizer kernels bench fixtures; others on
-# request: int4, int4v (the int4 decode step once per GEMV variant: INT4_VARIANTS="0 17 25 ...", indices as
-# `quest_kernel_bench gemv4` lists them), profile, hf, quest, eval, ab (below).
+# request: int4, profile, hf, quest, eval, ab (below).
 # Logs and JSON go to $OUT; a short table is printed last.
 #
 #   ab     whole decode steps of the old binary (.device-old/quest: `tools/device/stage.sh --old` before the change)
@@ -76,15 +75,6 @@ for s in $stages; do
         > "$OUT/memcheck-int4.log" 2>&1
       summary+=("int4 memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-int4.log" | tail -1)")
       ;;
-    int4v)
-      # whole decode steps with each candidate GEMV (QUEST_INT4_GEMV is read once per process)
-      for v in ${INT4_VARIANTS:-0 17 18 25 26}; do
-        QUEST_INT4_GEMV=$v "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights int4 \
-          --contexts 4096,32768 --budgets full,2048 --steps 64 --warmup 8 --page-size 16 \
-          --json "$OUT/bench-int4-v$v.json" > "$OUT/bench-int4-v$v.log" 2>&1
-        summary+=("bench int4 variant $v: rc=$?")
-      done
-      ;;
     profile)
       # where the step's time goes (eager launches with events), and what the CUDA graph saves
       "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
@@ -152,7 +142,6 @@ for l in "${summary[@]}"; do echo "$l"; done
 [ -f "$OUT/bench.log" ] && grep -E "^(backend|cuda)" "$OUT/bench.log"
 [ -f "$OUT/kernels-int4.log" ] && grep -E "int4|own" "$OUT/kernels-int4.log" | head -40
 [ -f "$OUT/bench-int4.log" ] && grep -E "^(backend|cuda)" "$OUT/bench-int4.log"
-for f in "$OUT"/bench-int4-v*.log; do [ -f "$f" ] && { echo "$f"; grep -E "decode GEMV|^(backend|cuda)" "$f"; }; done
 [ -f "$OUT/bench-fused.log" ] && { echo "fused:"; grep -E "^(backend|cuda)" "$OUT/bench-fused.log"; }
 [ -f "$OUT/kernels-quest.log" ] && grep -iE "fused|layer" "$OUT/kernels-quest.log" | head -40
 [ -f "$OUT/nograph.log" ] && grep -E "^(backend|cuda)" "$OUT/nograph.log"
