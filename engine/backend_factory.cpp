@@ -37,11 +37,13 @@ void check_kind(const std::string& k) {
 #ifdef QUEST_HAVE_CUDA
 CudaOptions cuda_options(const BackendOptions& o) {
     CudaOptions c;
-    c.use_graph = o.cuda_graph;
+    c.graph = o.graph;
     c.quest_fused = o.quest_fused;
-    c.fused_epilogues = o.cuda_fused_norms;
+    c.fused_norms = o.fused_norms;
     c.memory_limit = o.memory_limit;
+    c.prefill_chunk = o.prefill_chunk;
     c.profile = o.profile;
+    // CudaOptions keeps the weight format as one int: 0 as stored, -1 FP16, G int4 with group G.
     c.int4_group = o.weights == BackendOptions::WeightFormat::Int4   ? o.int4_group
                    : o.weights == BackendOptions::WeightFormat::Fp16 ? -1
                                                                      : 0;
@@ -49,6 +51,12 @@ CudaOptions cuda_options(const BackendOptions& o) {
 }
 #endif
 }  // namespace
+
+void check_dense_layers(const QuestSettings& q, const ModelConfig& c) {
+    if (!q.full_attention && q.dense_layers > c.num_layers)
+        throw InputError("--dense-layers: " + std::to_string(q.dense_layers) + " exceeds the model's " +
+                         std::to_string(c.num_layers) + " layers (num_hidden_layers in config.json)");
+}
 
 bool cuda_backend_built() {
 #ifdef QUEST_HAVE_CUDA
@@ -60,6 +68,7 @@ bool cuda_backend_built() {
 
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
     check_kind(o.kind);
+    check_dense_layers(o.quest, model.config);
     if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
     if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity, o.memory_limit);
 #ifdef QUEST_HAVE_CUDA
@@ -71,6 +80,7 @@ std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendO
 
 std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o) {
     check_kind(o.kind);
+    check_dense_layers(o.quest, config);
     if (o.kind == "cpu") {
         // Same distributions as `quest make-model`, built in memory (after the memory plan is checked).
         check_cpu_memory(config, o.quest, o.capacity, o.memory_limit);

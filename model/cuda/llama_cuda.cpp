@@ -368,7 +368,7 @@ void CudaLlama::choose_decode_path() {
         }
     }
     check(lm_head_, Int4View{}, xn_.get(), H, "lm_head");
-    if (!opts_.fused_epilogues) why = "switched off (--fused-norms off)";
+    if (!opts_.fused_norms) why = "switched off (--fused-norms off)";
     fused_decode_ = why.empty();
     if (fused_decode_) {
         norm_partials_ = DeviceBuffer<float>(static_cast<size_t>(std::max(partials, 1)));
@@ -939,7 +939,7 @@ std::span<const float> CudaLlama::decode(int token) {
     *h_token_ = token;
     // The first step runs eagerly (it also performs one-time kernel attribute set-up); later steps replay a graph.
     // Profiling records events between kernel groups, so it runs eagerly.
-    const bool capture = opts_.use_graph && !opts_.profile && decode_calls_ == 1 && !graph_;
+    const bool capture = opts_.graph && !opts_.profile && decode_calls_ == 1 && !graph_;
     if (capture) {
         cudaGraph_t g = nullptr;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
