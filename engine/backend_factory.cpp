@@ -52,12 +52,6 @@ CudaOptions cuda_options(const BackendOptions& o) {
 #endif
 }  // namespace
 
-void check_dense_layers(const QuestSettings& q, const ModelConfig& c) {
-    if (!q.full_attention && q.dense_layers > c.num_layers)
-        throw InputError("--dense-layers: " + std::to_string(q.dense_layers) + " exceeds the model's " +
-                         std::to_string(c.num_layers) + " layers (num_hidden_layers in config.json)");
-}
-
 bool cuda_backend_built() {
 #ifdef QUEST_HAVE_CUDA
     return true;
@@ -68,7 +62,6 @@ bool cuda_backend_built() {
 
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
     check_kind(o.kind);
-    check_dense_layers(o.quest, model.config);
     if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
     if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity, o.memory_limit);
 #ifdef QUEST_HAVE_CUDA
@@ -80,7 +73,6 @@ std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendO
 
 std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o) {
     check_kind(o.kind);
-    check_dense_layers(o.quest, config);
     if (o.kind == "cpu") {
         // Same distributions as `quest make-model`, built in memory (after the memory plan is checked).
         check_cpu_memory(config, o.quest, o.capacity, o.memory_limit);

@@ -35,10 +35,6 @@ struct BackendOptions {
 // prefill_chunk, weights, int4_group.
 const std::vector<Setting<BackendOptions>>& backend_settings_table();
 
-// --dense-layers (or dense_layers of --quest-config) beyond the model's layers: InputError naming the flag and the
-// count. create_backend and create_random_backend check it before reading any weight.
-void check_dense_layers(const QuestSettings& q, const ModelConfig& c);
-
 bool cuda_backend_built();
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o);
 // Random weights without a checkpoint (benchmarks): generated on the device for cuda, in memory for cpu.

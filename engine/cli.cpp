@@ -123,7 +123,7 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt
     if (prompt_given && !prompt_file.empty()) throw InputError("--prompt-file: cannot be combined with -p/--prompt");
     const std::string prompt = prompt_file.empty() ? prompt_in : read_prompt_file(prompt_file);
     const ModelFolder model = open_model_folder(mf.model_dir);
-    check_dense_layers(q, model.config);
+    mf.settings.check_model(model.config);
     const Tokenizer tok(model.tokenizer_file());
     const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     const int max_ctx = model.config.max_context();
@@ -198,6 +198,7 @@ struct BenchFlags {
 
 int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
     mf.check();
+    mf.settings.check_model(open_model_or_config(mf.model_dir, bf.random_weights).config);
     BenchRequest r;
     r.model = mf.model_dir;
     r.random_weights = bf.random_weights;
@@ -236,6 +237,7 @@ struct SoakFlags {
 
 int cmd_soak(const ModelFlags& mf, const SoakFlags& sf) {
     mf.check();
+    mf.settings.check_model(open_model_or_config(mf.model_dir, sf.random_weights).config);
     SoakRequest r;
     r.model = mf.model_dir;
     r.random_weights = sf.random_weights;
@@ -266,7 +268,7 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
     mf.check();
     (void)Sampler(cf.sampling);  // --temp, --top-k, --top-p in range
     const ModelFolder model = open_model_folder(mf.model_dir);
-    check_dense_layers(mf.quest_settings(), model.config);
+    mf.settings.check_model(model.config);
     const Tokenizer tok(model.tokenizer_file());
     const int capacity = mf.capacity_flag() > 0 ? mf.capacity_flag() : model.config.max_context();
     if (capacity > model.config.max_context())

@@ -109,7 +109,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
         const EvalFlags& f = *flags;
         const QuestSettings base = base_settings(f);  // the flags checked before the model is opened
         const ModelFolder model = open_model_folder(f.model);
-        check_dense_layers(base, model.config);
+        f.settings.check_model(model.config);
         const Tokenizer tok(model.tokenizer_file());
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {

@@ -64,6 +64,15 @@ QuestSettings SettingsFlags::quest(bool validate) const {
     return s;
 }
 
+void SettingsFlags::check_model(const ModelConfig& c) const {
+    const auto it = values.find("dense_layers");
+    if (it == values.end() || !it->second) return;
+    const int n = quest(/*validate=*/false).dense_layers;
+    if (n > c.num_layers)
+        throw InputError("--dense-layers: " + std::to_string(n) + " exceeds the model's " +
+                         std::to_string(c.num_layers) + " layers (num_hidden_layers in config.json)");
+}
+
 void SettingsFlags::apply_backend(BackendOptions& o) const {
     apply_table(*this, backend_settings_table(), BackendOptions{}, o);
 }

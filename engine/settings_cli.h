@@ -20,6 +20,9 @@ struct SettingsFlags {
 
     // The defaults (configs/quest-default.json), then --quest-config, then the flags; validated when `validate`.
     QuestSettings quest(bool validate = true) const;
+    // --dense-layers, when given, beyond the model's layers (the default fits any model: layers past the last are
+    // simply none): InputError naming the flag and the count. Called once config.json is read, before the weights.
+    void check_model(const ModelConfig& c) const;
     // The backend flags onto `o` (the Quest settings and the capacity untouched).
     void apply_backend(BackendOptions& o) const;
     // BackendOptions{} with the backend flags, the capacity and quest().

@@ -159,8 +159,8 @@ std::string QuestSettings::describe() const {
     std::string d = find_setting(table, "selector")->text(*this);
     for (const auto& e : table) {
         if (!e.short_name || !e.applies(*this) || (e.hidden_when_off && e.get(*this) == 0)) continue;
-        d += " " + std::string(e.short_name);
-        if (e.kind != SettingKind::Bool) d += "=" + e.text(*this);
+        d.append(" ").append(e.short_name);
+        if (e.kind != SettingKind::Bool) d.append("=").append(e.text(*this));
     }
     return d;
 }
@@ -171,8 +171,8 @@ std::string QuestSettings::policy_label() const {
     std::string l = find_setting(quest_settings_table(), "selector")->text(*this);
     for (const auto* e : policy_entries()) {
         if (!e->applies(*this) || e->get(*this) == e->get(d)) continue;
-        l += "+" + std::string(e->token);
-        if (e->kind != SettingKind::Bool) l += e->text(*this);
+        l.append("+").append(e->token);
+        if (e->kind != SettingKind::Bool) l.append(e->text(*this));
     }
     return l;
 }
@@ -254,12 +254,14 @@ QuestSettings parse_quest_settings(const std::string& json_text, const std::stri
         const std::string expected = "expected " + e->expectation() + ", got " + value.dump();
         switch (e->kind) {
         case SettingKind::Int: {
-            // get<int>() would wrap a larger value silently (4294967312 became 16): it must fit the range.
+            // get<int>() would wrap a larger value silently (4294967312 became 16): it must fit an int.
             const bool fits = value.is_number_unsigned()
-                                  ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int64_t>::max()) &&
-                                        e->in_range(double(value.get<int64_t>()))
-                                  : value.is_number_integer() && e->in_range(double(value.get<int64_t>()));
-            if (!fits) fail(expected);
+                                  ? value.get<uint64_t>() <= uint64_t(std::numeric_limits<int>::max())
+                                  : value.is_number_integer() &&
+                                        value.get<int64_t>() >= std::numeric_limits<int>::min() &&
+                                        value.get<int64_t>() <= std::numeric_limits<int>::max();
+            if (!fits) fail("expected an integer between -2^31 and 2^31 - 1, got " + value.dump());
+            if (!e->in_range(double(value.get<int64_t>()))) fail(expected);
             e->set(s, double(value.get<int64_t>()));
             break;
         }

@@ -87,9 +87,10 @@ std::string parse_setting_text(SettingKind kind, const std::vector<const char*>&
         return bad();
     case SettingKind::Bytes:
         try {
-            out = static_cast<double>(parse_byte_size(text, "size"));
-        } catch (const InputError&) {
-            return bad();
+            out = static_cast<double>(parse_byte_size(text, ""));
+        } catch (const InputError& e) {
+            const std::string m = e.what();
+            return m.rfind(": ", 0) == 0 ? m.substr(2) : m;  // parse_byte_size's own words, without its "what: "
         }
         return "";
     }
