@@ -37,11 +37,13 @@ void check_kind(const std::string& k) {
 #ifdef QUEST_HAVE_CUDA
 CudaOptions cuda_options(const BackendOptions& o) {
     CudaOptions c;
-    c.use_graph = o.cuda_graph;
+    c.graph = o.graph;
     c.quest_fused = o.quest_fused;
-    c.fused_epilogues = o.cuda_fused_norms;
+    c.fused_norms = o.fused_norms;
     c.memory_limit = o.memory_limit;
+    c.prefill_chunk = o.prefill_chunk;
     c.profile = o.profile;
+    // CudaOptions keeps the weight format as one int: 0 as stored, -1 FP16, G int4 with group G.
     c.int4_group = o.weights == BackendOptions::WeightFormat::Int4   ? o.int4_group
                    : o.weights == BackendOptions::WeightFormat::Fp16 ? -1
                                                                      : 0;

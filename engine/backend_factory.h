@@ -3,28 +3,37 @@
 // request for it otherwise is an error, never a silent fall-back to the CPU.
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "model/core/backend.h"
+#include "model/core/settings_table.h"
 #include "model/io/model_folder.h"
 
 namespace quest {
 
+// The backend settings, each named as its flag (--fused-norms: fused_norms) here and in CudaOptions
+// (model/cuda/llama_cuda.h); backend_settings_table() declares their flags, types, ranges and help once.
 struct BackendOptions {
-    std::string kind = "cpu";  // cpu | cuda
-    int capacity = 0;          // KV cache tokens
+    std::string kind = "cpu";  // --backend: cpu | cuda
+    int capacity = 0;          // KV cache tokens (-c)
     QuestSettings quest;
-    bool cuda_graph = true;      // cuda: replay the decode step as a CUDA graph
-    bool cuda_fused_norms = true;  // cuda: the decode step's norms / residual / SwiGLU in the GEMVs' epilogues
-    bool quest_fused = false;    // cuda: Quest layers score and select pages in one launch (default: separate launches)
-    size_t memory_limit = 0;     // bytes the memory plan may use (0: what the device has free; cpu: host memory)
-    bool profile = false;        // cuda: time the decode step's kernel groups (eager launches)
+    bool graph = true;          // --no-graph: false. cuda: replay the decode step as a CUDA graph
+    bool fused_norms = true;    // --fused-norms: cuda: the decode step's norms / residual / SwiGLU in the GEMVs' epilogues
+    bool quest_fused = false;   // --quest-fused: cuda: Quest layers score and select pages in one launch
+    size_t memory_limit = 0;    // --memory-limit: bytes the memory plan may use (0: what the device has free; cpu: host)
+    int prefill_chunk = 2048;   // --prefill-chunk: cuda: tokens per prefill chunk
+    bool profile = false;       // bench --breakdown: cuda: time the decode step's kernel groups (eager launches)
     // Linear layers: as stored (FP16, or the 4-bit layers of quest-int4 / AutoAWQ folders), FP16 (4-bit layers
     // dequantized), or int4 with group int4_group (FP16 layers quantized on load, round-to-nearest; random weights
     // drawn as int4 on the device). The CPU backend always computes in fp32 on the (de)quantized values.
+    // bench --weights sets both per row (no flag of their own).
     enum class WeightFormat { Stored, Fp16, Int4 };
     WeightFormat weights = WeightFormat::Stored;
     int int4_group = 128;
 };
+// Every backend setting once (model/core/settings_table.h): backend, graph, fused_norms, quest_fused, memory_limit,
+// prefill_chunk, weights, int4_group.
+const std::vector<Setting<BackendOptions>>& backend_settings_table();
 
 bool cuda_backend_built();
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o);

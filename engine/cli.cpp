@@ -25,6 +25,7 @@
 #include "engine/quantize_cmd.h"
 #include "model/core/quest_settings.h"
 #include "engine/sampler.h"
+#include "engine/settings_cli.h"
 #include "engine/soak.h"
 #include "engine/timing.h"
 #include "model/io/atomic_file.h"
@@ -36,105 +37,50 @@ namespace quest {
 
 namespace {
 
-// Flags shared by the subcommands that run a model.
+// Flags shared by the subcommands that run a model; the Quest and backend settings come from their tables
+// (engine/settings_cli.h), registered once here.
 struct ModelFlags {
     std::string model_dir;
-    std::string backend = "cpu";
-    int context = 0;  // 0: what the request needs, up to the model's maximum
-    // Quest settings: defaults from configs/quest-default.json, then --quest-config, then these flags.
-    std::string quest_config;
-    std::optional<int> budget, page_size, dense_layers;
-    std::optional<std::string> gqa_policy;
-    std::optional<std::string> selector, metadata;
-    std::optional<int> shortlist, sub_page;
-    std::optional<double> mass_target, reuse_cos;
-    bool full_attention = false;
-    bool match_bytes = false;
-    bool no_graph = false;
-    bool quest_fused = false;
-    std::string fused_norms = "on";
+    std::optional<int> context;  // -c; absent: what the request needs, up to the model's maximum
+    SettingsFlags settings;
     bool profile = false;
-    std::string memory_limit;  // --memory-limit: "" = what the device (or host) has free
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
                                  "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)");
         if (model_required) m->required();
-        app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
         app.add_option("-c,--context", context, "KV cache capacity in tokens (default: prompt + new tokens)");
-        app.add_option("--quest-config", quest_config, "JSON file with Quest settings (see configs/)");
-        app.add_option("--budget", budget, "Quest token budget B per step");
-        app.add_option("--page-size", page_size, "KV page size S in tokens (power of two)");
-        app.add_option("--dense-layers", dense_layers, "layers that always use full attention");
-        app.add_option("--gqa-policy", gqa_policy, "page selection for grouped heads: kv-max, kv-sum, per-head");
-        app.add_option("--selector", selector, "page selector: quest (default), streaming (first + recent pages), "
-                                               "oracle (true attention mass; evaluation only, reads every key), "
-                                               "two-level (coarse shortlist re-ranked by sub-page bounds; CPU)");
-        app.add_option("--metadata", metadata, "page bounds of quest / two-level: fp16 (exact, default), int8 or int4 (cuda: the quest selector)");
-        app.add_option("--shortlist", shortlist, "two-level: pages shortlisted per selected page (default 4)");
-        app.add_option("--sub-page", sub_page, "two-level: tokens per sub-page (default 4)");
-        app.add_option("--mass-target", mass_target,
-                       "adaptive budget: the fewest pages (at most B/S) whose estimated softmax share reaches this "
-                       "(e.g. 0.95; 0 = off; CPU)");
-        app.add_flag("--match-bytes", match_bytes,
-                     "quest, two-level: read as many pages (sub-pages) as fit in fp16 Quest's bytes per step, not B "
-                     "tokens (cuda: the quest selector)");
-        app.add_option("--reuse-cos", reuse_cos,
-                       "quest: keep a layer's last page selection while the page count is unchanged and every query "
-                       "head's cosine to its query at that selection is >= this (0 = off, -1 = always; CPU)");
-        app.add_flag("--full-attention", full_attention, "full attention in every layer (no Quest)");
-        app.add_flag("--no-graph", no_graph, "cuda: launch the decode step kernel by kernel instead of a CUDA graph");
-        app.add_option("--fused-norms", fused_norms,
-                       "cuda: the decode step's RMSNorms, residual adds and SwiGLU in the GEMV epilogues (on, the "
-                       "default) or as separate kernels (off; for comparison)")
-            ->check(CLI::IsMember({"on", "off"}));
-        app.add_flag("--quest-fused", quest_fused,
-                     "cuda: Quest layers score pages and select the top-k in one launch (measured slower at 32K on "
-                     "the H200 than the default separate launches; docs/measurements.md)");
-        app.add_option("--memory-limit", memory_limit,
-                       "memory the backend may plan for, e.g. 24GiB or 512MiB (cuda: device memory, default what is "
-                       "free; cpu: host memory, default what is available)");
+        add_settings_flags(app, settings);
     }
 
+    // The flags' own checks, before any file is read.
+    void check() const {
+        if (context && *context < 1)
+            throw InputError("-c: expected a positive number of tokens, got " + std::to_string(*context));
+        (void)quest_settings();
+        (void)backend_options(0);
+    }
+    int capacity_flag() const { return context.value_or(0); }
+
     BackendOptions backend_options(int capacity) const {
-        BackendOptions o;
-        o.kind = backend;
-        o.capacity = capacity;
-        o.quest = quest_settings();
-        o.cuda_graph = !no_graph;
-        o.quest_fused = quest_fused;
-        o.cuda_fused_norms = fused_norms == "on";
+        BackendOptions o = settings.backend(capacity);
         o.profile = profile;
-        o.memory_limit = memory_limit.empty() ? 0 : parse_byte_size(memory_limit, "--memory-limit");
         return o;
     }
 
-    QuestSettings quest_settings() const {
-        QuestSettings s = default_quest_settings();
-        if (!quest_config.empty()) s = load_quest_settings(quest_config, s);
-        if (budget) s.budget = *budget;
-        if (page_size) s.page_size = *page_size;
-        if (dense_layers) s.dense_layers = *dense_layers;
-        if (gqa_policy && !gqa_policy_from_name(*gqa_policy, s.gqa_policy))
-            throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + *gqa_policy + "'");
-        if (selector && !page_selector_from_name(*selector, s.selector))
-            throw InputError("--selector: expected quest, streaming, oracle or two-level, got '" + *selector + "'");
-        if (metadata && !metadata_format_from_name(*metadata, s.metadata))
-            throw InputError("--metadata: expected fp16, int8 or int4, got '" + *metadata + "'");
-        if (shortlist) s.shortlist = *shortlist;
-        if (sub_page) s.sub_page = *sub_page;
-        if (mass_target) s.mass_target = *mass_target;
-        if (match_bytes) s.match_bytes = true;
-        if (reuse_cos) s.reuse_cos = *reuse_cos;
-        if (full_attention) s.full_attention = true;
-        s.validate();
-        return s;
-    }
+    QuestSettings quest_settings() const { return settings.quest(); }
 };
 
-std::string read_file(const std::string& path) {
+// The prompt file: "-" reads stdin; a directory or a file that cannot be opened is an error naming the flag.
+std::string read_prompt_file(const std::string& path) {
+    if (path == "-") {
+        std::stringstream ss;
+        ss << std::cin.rdbuf();
+        return ss.str();
+    }
+    if (std::filesystem::is_directory(path)) throw InputError("--prompt-file: " + path + " is a directory");
     std::ifstream in(path, std::ios::binary);
-    if (!in) throw InputError(path + ": cannot open");
+    if (!in) throw InputError("--prompt-file: " + path + ": cannot open");
     std::stringstream ss;
     ss << in.rdbuf();
     return ss.str();
@@ -167,20 +113,26 @@ void install_sigint() {
 // Output files (--json, --csv) go through write_file_atomic (model/io/atomic_file.h): never partial, and an interrupted
 // or killed run leaves no temporary behind.
 
-int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::string& prompt_file, int n,
-                 SamplerSettings ss, bool seed_given, const std::string& json_path) {
+int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt_given, const std::string& prompt_file,
+                 int n, SamplerSettings ss, bool seed_given, const std::string& json_path) {
+    // Every flag is checked before the model is opened (and the prompt file read before the weights).
+    mf.check();
     const QuestSettings q = mf.quest_settings();
-    const ModelFolder model = open_model_folder(mf.model_dir);
-    const Tokenizer tok(model.tokenizer_file());
-    const std::string prompt = prompt_file.empty() ? prompt_in : read_file(prompt_file);
-    const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     if (n < 0) throw InputError("-n must be >= 0, got " + std::to_string(n));
+    (void)Sampler(ss);  // --temp, --top-k, --top-p in range
+    if (prompt_given && !prompt_file.empty()) throw InputError("--prompt-file: cannot be combined with -p/--prompt");
+    const std::string prompt = prompt_file.empty() ? prompt_in : read_prompt_file(prompt_file);
+    const ModelFolder model = open_model_folder(mf.model_dir);
+    mf.settings.check_model(model.config);
+    const Tokenizer tok(model.tokenizer_file());
+    const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     const int max_ctx = model.config.max_context();
+    const int ctx_flag = mf.capacity_flag();
     // In 64 bits: -n 2147483647 overflowed int here (UBSan).
-    int capacity = mf.context > 0 ? mf.context
-                                  : static_cast<int>(std::min<int64_t>(static_cast<int64_t>(ids.size()) + n, max_ctx));
-    if (mf.context > max_ctx)
-        throw InputError("-c " + std::to_string(mf.context) + " exceeds the model's maximum context of " +
+    int capacity = ctx_flag > 0 ? ctx_flag
+                                : static_cast<int>(std::min<int64_t>(static_cast<int64_t>(ids.size()) + n, max_ctx));
+    if (ctx_flag > max_ctx)
+        throw InputError("-c " + std::to_string(ctx_flag) + " exceeds the model's maximum context of " +
                          std::to_string(max_ctx) + " tokens (max_position_embeddings in config.json)");
     if (static_cast<int>(ids.size()) > capacity)
         throw InputError("the prompt has " + std::to_string(ids.size()) + " tokens but the context holds " +
@@ -245,6 +197,8 @@ struct BenchFlags {
 };
 
 int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
+    mf.check();
+    mf.settings.check_model(open_model_or_config(mf.model_dir, bf.random_weights).config);
     BenchRequest r;
     r.model = mf.model_dir;
     r.random_weights = bf.random_weights;
@@ -282,10 +236,12 @@ struct SoakFlags {
 };
 
 int cmd_soak(const ModelFlags& mf, const SoakFlags& sf) {
+    mf.check();
+    mf.settings.check_model(open_model_or_config(mf.model_dir, sf.random_weights).config);
     SoakRequest r;
     r.model = mf.model_dir;
     r.random_weights = sf.random_weights;
-    r.backend = mf.backend_options(mf.context);
+    r.backend = mf.backend_options(mf.capacity_flag());
     r.prompt_tokens = sf.prompt_tokens;
     r.tokens = sf.tokens;
     r.bucket = sf.bucket;
@@ -309,9 +265,12 @@ struct ChatFlags {
 };
 
 int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
+    mf.check();
+    (void)Sampler(cf.sampling);  // --temp, --top-k, --top-p in range
     const ModelFolder model = open_model_folder(mf.model_dir);
+    mf.settings.check_model(model.config);
     const Tokenizer tok(model.tokenizer_file());
-    const int capacity = mf.context > 0 ? mf.context : model.config.max_context();
+    const int capacity = mf.capacity_flag() > 0 ? mf.capacity_flag() : model.config.max_context();
     if (capacity > model.config.max_context())
         throw InputError("-c " + std::to_string(capacity) + " exceeds the model's maximum context of " +
                          std::to_string(model.config.max_context()) + " tokens");
@@ -444,8 +403,8 @@ int run_cli(int argc, char** argv) {
     SamplerSettings sampling;
     auto* gen = app.add_subcommand("generate", "Generate text after a prompt (text on stdout, timings on stderr)");
     gen_flags.add(*gen);
-    gen->add_option("-p,--prompt", prompt, "prompt text (empty: BOS only)");
-    gen->add_option("--prompt-file", prompt_file, "read the prompt from a file");
+    auto* prompt_opt = gen->add_option("-p,--prompt", prompt, "prompt text (empty: BOS only)");
+    gen->add_option("--prompt-file", prompt_file, "read the prompt from a file (-: stdin)");
     gen->add_option("-n,--n-tokens", n_tokens, "tokens to generate")->capture_default_str();
     gen->add_option("--temp", sampling.temperature, "sampling temperature (0: greedy)")->capture_default_str();
     gen->add_option("--top-k", sampling.top_k, "top-k (0: off)")->capture_default_str();
@@ -533,8 +492,9 @@ int run_cli(int argc, char** argv) {
     }
 
     try {
-        if (gen->parsed()) return cmd_generate(gen_flags, prompt, prompt_file, n_tokens, sampling, seed_opt->count() > 0,
-                                            gen_json);
+        if (gen->parsed())
+            return cmd_generate(gen_flags, prompt, prompt_opt->count() > 0, prompt_file, n_tokens, sampling,
+                                seed_opt->count() > 0, gen_json);
         if (bench->parsed()) return cmd_bench(bench_flags, bf);
         if (soak->parsed()) return cmd_soak(soak_flags, sf);
         if (eval.app->parsed()) return eval.run();

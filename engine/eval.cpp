@@ -396,51 +396,7 @@ std::vector<JsonlPrompt> load_jsonl_set(const std::string& path, int max_samples
 }
 
 PolicySpec parse_policy_spec(const std::string& spec, const QuestSettings& base) {
-    PolicySpec p;
-    p.label = spec;
-    p.settings = base;
-    std::stringstream ss(spec);
-    std::string item;
-    bool first = true;
-    auto bad = [&](const std::string& why) {
-        throw InputError("--policies: '" + spec + "': " + why +
-                         " (expected name[+opt...], name quest|streaming|oracle|two-level, opts int8, int4, fp16, S<page>, "
-                         "s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched), r<reuse cosine>)");
-    };
-    while (std::getline(ss, item, '+')) {
-        if (first) {
-            if (!page_selector_from_name(item, p.settings.selector)) bad("unknown selector '" + item + "'");
-            first = false;
-            continue;
-        }
-        if (item.empty()) bad("empty option");
-        if (metadata_format_from_name(item, p.settings.metadata)) continue;
-        if (item == "m") {
-            p.settings.match_bytes = true;
-            continue;
-        }
-        const char c = item[0];
-        const std::string v = item.substr(1);
-        try {
-            size_t used = 0;
-            if (c == 'p') {
-                p.settings.mass_target = std::stod(v, &used);
-            } else if (c == 'r') {
-                p.settings.reuse_cos = std::stod(v, &used);
-            } else {
-                const int x = std::stoi(v, &used);
-                if (c == 'S') p.settings.page_size = x;
-                else if (c == 's') p.settings.sub_page = x;
-                else if (c == 'x') p.settings.shortlist = x;
-                else bad("unknown option '" + item + "'");
-            }
-            if (used != v.size()) bad("bad number in '" + item + "'");
-        } catch (const std::logic_error&) {
-            bad("bad number in '" + item + "'");
-        }
-    }
-    if (first) bad("empty");
-    return p;
+    return PolicySpec{spec, parse_policy(spec, base)};  // the syntax: quest_settings_table()'s tokens
 }
 
 namespace {

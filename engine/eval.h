@@ -106,9 +106,8 @@ struct JsonlPrompt {
 // Reads the first max_samples prompts (0: all) of a set; InputError naming the line otherwise.
 std::vector<JsonlPrompt> load_jsonl_set(const std::string& path, int max_samples);
 
-// A policy: a page selector with its options, written `name[+opt...]` with name quest | streaming | oracle |
-// two-level and opts int8 / fp16 (metadata), S<n> (page size), s<n> (sub-page), x<n> (shortlist factor), p<f>
-// (mass target), m (two-level, bytes-matched). E.g. "two-level+s4+x4", "quest+int8+S8", "two-level+int8+s2+m".
+// A policy: a page selector with its options, written `name[+opt...]` (parse_policy, model/core/quest_settings.h:
+// the options are the tokens of quest_settings_table()). E.g. "two-level+s4+x4", "quest+int8+S8", "quest+r0.9".
 struct PolicySpec {
     std::string label;      // the spec as written
     QuestSettings settings; // budget set per row

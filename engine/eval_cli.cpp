@@ -4,11 +4,13 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include "engine/backend_factory.h"
 #include "engine/cli.h"
 #include "engine/eval.h"
+#include "engine/settings_cli.h"
 #include "model/io/atomic_file.h"
 #include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
@@ -20,47 +22,39 @@ namespace quest {
 namespace {
 
 struct EvalFlags {
-    std::string model, backend = "cpu", contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text;
-    int samples = 10, page_size = 0, dense_layers = -1, window = 0, max_tokens = 0;
-    std::string gqa_policy, selector, metadata, set, policies = "quest";
-    int shortlist = 0, sub_page = 0, jsonl_samples = 0;
-    double mass_target = -1;
-    std::optional<double> reuse_cos;
-    bool match_bytes = false;
+    std::string model, contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text;
+    int samples = 10, window = 0, max_tokens = 0;
+    std::string set, policies = "quest";
+    int jsonl_samples = 0;
     bool diagnostics = false;
     uint64_t seed = 1;
+    SettingsFlags settings;  // the Quest settings and --backend (engine/settings_cli.h)
 };
 
+// The flags eval does not take: the budget and full attention are --budgets' ("full"), the CUDA tuning flags are
+// those of generate / bench.
+const std::set<std::string> kEvalSkips = {"budget",      "full_attention", "graph",        "fused_norms",
+                                          "quest_fused", "memory_limit",   "prefill_chunk"};
+
+// Each row sets its own budget: the base is not validated here (every row's settings are).
 QuestSettings base_settings(const EvalFlags& f) {
-    QuestSettings q = default_quest_settings();
-    if (f.page_size > 0) q.page_size = f.page_size;
-    if (f.dense_layers >= 0) q.dense_layers = f.dense_layers;
-    if (!f.gqa_policy.empty() && !gqa_policy_from_name(f.gqa_policy, q.gqa_policy))
-        throw InputError("--gqa-policy: expected kv-max, kv-sum or per-head, got '" + f.gqa_policy + "'");
-    if (!f.selector.empty() && !page_selector_from_name(f.selector, q.selector))
-        throw InputError("--selector: expected quest, streaming, oracle or two-level, got '" + f.selector + "'");
-    if (!f.metadata.empty() && !metadata_format_from_name(f.metadata, q.metadata))
-        throw InputError("--metadata: expected fp16, int8 or int4, got '" + f.metadata + "'");
-    if (f.shortlist > 0) q.shortlist = f.shortlist;
-    if (f.sub_page > 0) q.sub_page = f.sub_page;
-    if (f.mass_target >= 0) q.mass_target = f.mass_target;
-    if (f.match_bytes) q.match_bytes = true;
-    if (f.reuse_cos) q.reuse_cos = *f.reuse_cos;
+    QuestSettings q = f.settings.quest(/*validate=*/false);
     q.budget = std::max(q.budget, q.page_size);
     return q;
 }
 
 // The CPU backend shares one copy of the weights across every (settings, capacity); CUDA reloads per backend.
 BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
-    if (f.backend == "cpu") {
+    BackendOptions backend;
+    f.settings.apply_backend(backend);
+    if (backend.kind == "cpu") {
         auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
         return [w](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
             return std::make_unique<CpuLlama>(w, q, capacity);
         };
     }
-    return [model, kind = f.backend](const QuestSettings& q, int capacity) {
-        BackendOptions o;
-        o.kind = kind;
+    return [model, backend](const QuestSettings& q, int capacity) {
+        BackendOptions o = backend;
         o.capacity = capacity;
         o.quest = q;
         return create_backend(model, o);
@@ -82,21 +76,9 @@ EvalCommand add_eval_command(CLI::App& parent) {
     cmd.app->require_subcommand(1);
     auto common = [flags](CLI::App* a) {
         a->add_option("-m,--model", flags->model, "Hugging Face Llama folder")->required();
-        a->add_option("--backend", flags->backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
         a->add_option("--budgets", flags->budgets, "comma-separated Quest budgets, 'full' for full attention")
             ->capture_default_str();
-        a->add_option("--page-size", flags->page_size, "KV page size (default from configs/quest-default.json)");
-        a->add_option("--dense-layers", flags->dense_layers, "layers that always use full attention");
-        a->add_option("--gqa-policy", flags->gqa_policy, "kv-max, kv-sum or per-head");
-        a->add_option("--selector", flags->selector, "quest, streaming (first + recent pages), oracle or two-level");
-        a->add_option("--metadata", flags->metadata, "page bounds: fp16 (exact), int8 or int4");
-        a->add_option("--shortlist", flags->shortlist, "two-level: pages shortlisted per selected page (default 4)");
-        a->add_option("--sub-page", flags->sub_page, "two-level: tokens per sub-page (default 4)");
-        a->add_option("--mass-target", flags->mass_target, "adaptive budget: estimated softmax share to reach (0: off)");
-        a->add_flag("--match-bytes", flags->match_bytes,
-                    "quest, two-level: as many pages (sub-pages) as fit in fp16 Quest's bytes per step");
-        a->add_option("--reuse-cos", flags->reuse_cos,
-                      "quest: keep the last selection while the page is the same and the query's cosine to it >= this");
+        add_settings_flags(*a, flags->settings, kEvalSkips);
         a->add_flag("--diagnostics", flags->diagnostics,
                     "per layer and head: softmax mass in the selected pages vs the oracle pages (CPU backend)");
         a->add_option("--json", flags->json, "write the rows as JSON");
@@ -120,13 +102,14 @@ EvalCommand add_eval_command(CLI::App& parent) {
     jsonl->add_option("--set", flags->set, "JSONL set (prefill_ids, question_ids, answer)")->required();
     jsonl->add_option("--samples", flags->jsonl_samples, "the first N prompts (default: all)");
     jsonl->add_option("--policies", flags->policies,
-                      "comma-separated policies name[+opt...]: quest, streaming, oracle, two-level; opts fp16, int8, "
-                      "int4, S<page>, s<sub-page>, x<shortlist>, p<mass target>, m (bytes-matched), r<reuse cosine> "
-                      "(e.g. two-level+s4+x4,quest+int8+S8,quest+int4+m,quest+r0.5)")
+                      "comma-separated policies name[+opt...]: quest, streaming, oracle, two-level; opts " +
+                          policy_options_help() + " (e.g. two-level+s4+x4,quest+int8+S8,quest+int4+m,quest+r0.5)")
         ->capture_default_str();
     cmd.run = [flags, passkey, jsonl]() -> int {
         const EvalFlags& f = *flags;
+        const QuestSettings base = base_settings(f);  // the flags checked before the model is opened
         const ModelFolder model = open_model_folder(f.model);
+        f.settings.check_model(model.config);
         const Tokenizer tok(model.tokenizer_file());
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {
@@ -136,7 +119,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
             r.samples = f.samples;
             r.seed = f.seed;
             r.diagnostics = f.diagnostics;
-            r.base = base_settings(f);
+            r.base = base;
             const auto rows = run_passkey(make, tok, r, progress);
             std::fputs(passkey_table(rows).c_str(), stdout);
             const std::string json = passkey_json(rows);
@@ -160,7 +143,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
             std::stringstream ss(f.policies);
             for (std::string item; std::getline(ss, item, ',');) r.policies.push_back(item);
             r.diagnostics = f.diagnostics;
-            r.base = base_settings(f);
+            r.base = base;
             if (!f.json.empty()) r.partial_json = f.json + ".partial";
             const auto rows = run_jsonl(make, tok, r, progress);
             std::fputs(jsonl_table(rows).c_str(), stdout);
@@ -174,7 +157,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
         r.max_tokens = f.max_tokens;
         r.budgets = parse_int_list(f.budgets, "--budgets", true);
         r.diagnostics = f.diagnostics;
-        r.base = base_settings(f);
+        r.base = base;
         const auto rows = run_ppl(make, tok, r, progress);
         std::fputs(ppl_table(rows).c_str(), stdout);
         write_atomic(f.json, ppl_json(rows));

@@ -1,5 +1,7 @@
 // libFuzzer target: parse_quest_settings (the --quest-config JSON) on arbitrary text, over the built-in defaults.
-// Settings that parse must be valid (validate() passes, at least one page per step) and describable.
+// Settings that parse must be valid (validate() passes, at least one page per step) and describable; every entry of
+// quest_settings_table() must be in its range and read back from its own text; the policy label must parse back to
+// the same selection settings.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +27,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         s = parse_quest_settings(text, "quest.json", defaults);
     } catch (const InputError&) {
+        // The same text as a --policies spec: an error, or settings whose every entry is in its range.
+        try {
+            const QuestSettings p = parse_policy(text, defaults);
+            for (const auto& e : quest_settings_table())
+                FUZZ_CHECK(e.kind != SettingKind::Int && e.kind != SettingKind::Double ? true : e.in_range(e.get(p)));
+        } catch (const InputError&) {
+        }
         return 0;
     }
     s.validate();  // must not throw
@@ -32,5 +41,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(s.budget >= s.page_size && s.page_budget() >= 1);
     FUZZ_CHECK(s.dense_layers >= 0);
     FUZZ_CHECK(!s.describe().empty());
+    for (const auto& e : quest_settings_table()) {
+        if (e.kind == SettingKind::Int) FUZZ_CHECK(e.in_range(e.get(s)));
+        if (e.kind == SettingKind::Int || e.kind == SettingKind::Enum || e.kind == SettingKind::Bool) {
+            QuestSettings t = defaults;
+            FUZZ_CHECK(e.set_text(t, e.text(s)).empty());
+            FUZZ_CHECK(e.get(t) == e.get(s));
+        }
+    }
+    if (!s.full_attention) {
+        const QuestSettings back = parse_policy(s.policy_label(), s);
+        FUZZ_CHECK(back.policy_label() == s.policy_label());
+    }
     return 0;
 }

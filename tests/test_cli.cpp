@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <fstream>
@@ -200,4 +201,83 @@ TEST(Cli, BenchPlotWhenMatplotlibIsThere) {
                                   (dir / "p.png").string() + "'");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_GT(std::filesystem::file_size(dir / "p.png"), 1000u);
+}
+
+// The front door: every bad flag is one line "error: ..." naming the flag, exit 2, before any model file is read,
+// and nothing written.
+TEST(Cli, FlagChecksBeforeTheModelLoads) {
+    const auto m = small_model("cli_front");  // 3 layers
+    const auto dir = test::temp_dir("cli_front_out");
+    const std::string json = (dir / "g.json").string();
+    const std::string ok = "generate -m '" + m.string() + "' -n 2 --temp 0 --json '" + json + "' ";
+    // A model folder that does not exist: the flag error comes first, so nothing was opened.
+    const std::string none = "generate -m /nonexistent/model -n 2 --json '" + json + "' ";
+    auto expect_error = [&](const std::string& args, const std::string& message) {
+        SCOPED_TRACE(args);
+        const RunResult r = run_quest(args);
+        EXPECT_EQ(r.exit_code, 2);
+        EXPECT_THAT(r.err, HasSubstr("error: " + message));
+        EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+        EXPECT_TRUE(r.out.empty());
+        EXPECT_FALSE(std::filesystem::exists(json));
+    };
+    expect_error(none + "-p hi -c 0", "-c: expected a positive number of tokens");
+    expect_error(none + "-p hi -c -5", "-c: expected a positive number of tokens");
+    expect_error(none + "-p hi --temp -1", "--temp");
+    expect_error(none + "-p hi --top-p 1.5", "--top-p");
+    expect_error(none + "-p hi --top-k -1", "--top-k");
+    expect_error(none + "-p hi --page-size 512", "--page-size: expected an integer between 1 and 256, got '512'");
+    expect_error(none + "-p hi --selector h2o", "--selector: expected one of quest, streaming, oracle, two-level");
+    expect_error(none + "-p hi --memory-limit lots", "--memory-limit: expected a size in bytes");
+    std::ofstream(dir / "prompt.txt") << "hello";
+    expect_error(none + "-p hi --prompt-file '" + (dir / "prompt.txt").string() + "'",
+                 "--prompt-file: cannot be combined with -p/--prompt");
+    expect_error(none + "--prompt-file '" + dir.string() + "'", "--prompt-file: " + dir.string() + " is a directory");
+    expect_error(none + "--prompt-file /nonexistent/p.txt", "--prompt-file: /nonexistent/p.txt: cannot open");
+    // --dense-layers beyond the model's 3 layers: refused once config.json is read, naming the flag and the count.
+    expect_error(ok + "-p hi --dense-layers 4", "--dense-layers: 4 exceeds the model's 3 layers");
+    const RunResult three = run_quest(ok + "-p hi --dense-layers 3");
+    EXPECT_EQ(three.exit_code, 0) << three.err;
+    std::filesystem::remove(json);
+    // chat, bench and soak refuse the same.
+    const RunResult chat = run_quest("chat -m '" + m.string() + "' --dense-layers 9 < /dev/null");
+    EXPECT_EQ(chat.exit_code, 2);
+    EXPECT_THAT(chat.err, HasSubstr("error: --dense-layers: 9 exceeds the model's 3 layers"));
+    const RunResult chat0 = run_quest("chat -m '" + m.string() + "' -c 0 < /dev/null");
+    EXPECT_EQ(chat0.exit_code, 2);
+    EXPECT_THAT(chat0.err, HasSubstr("error: -c: expected a positive number of tokens"));
+    const RunResult bench = run_quest("bench -m '" + m.string() + "' --contexts 40 --budgets 16 --page-size 8 "
+                                      "--dense-layers 4 --steps 1 --warmup 0");
+    EXPECT_EQ(bench.exit_code, 2);
+    EXPECT_THAT(bench.err, HasSubstr("error: --dense-layers: 4 exceeds the model's 3 layers"));
+    const RunResult soak = run_quest("soak -m '" + m.string() + "' -c 0 --tokens 4");
+    EXPECT_EQ(soak.exit_code, 2);
+    EXPECT_THAT(soak.err, HasSubstr("error: -c: expected a positive number of tokens"));
+}
+
+TEST(Cli, PromptFileDashReadsStdin) {
+    const auto m = small_model("cli_stdin");
+    const auto dir = test::temp_dir("cli_stdin_in");
+    std::ofstream(dir / "p.txt") << "hello there";
+    const std::string base = "generate -m '" + m.string() + "' -n 5 --temp 0 ";
+    const RunResult piped = run_quest(base + "--prompt-file - < '" + (dir / "p.txt").string() + "'");
+    ASSERT_EQ(piped.exit_code, 0) << piped.err;
+    const RunResult direct = run_quest(base + "-p 'hello there'");
+    ASSERT_EQ(direct.exit_code, 0) << direct.err;
+    EXPECT_EQ(piped.out, direct.out);
+    EXPECT_THAT(piped.err, HasSubstr("prefill:"));
+}
+
+TEST(Cli, HelpShowsEverySettingsDefault) {
+    for (const char* cmd : {"generate", "chat", "bench", "soak"}) {
+        const RunResult r = run_quest(std::string(cmd) + " --help");
+        ASSERT_EQ(r.exit_code, 0) << cmd;
+        for (const char* s : {"--budget INT=2048", "--page-size INT=16", "--dense-layers INT=2",
+                              "--gqa-policy kv-max|kv-sum|per-head=kv-sum", "--backend cpu|cuda=cpu",
+                              "--fused-norms off|on=on", "--mass-target FLOAT=0"})
+            EXPECT_THAT(r.out, HasSubstr(s)) << cmd;
+    }
+    const RunResult eval = run_quest("eval jsonl --help");
+    EXPECT_THAT(eval.out, HasSubstr("--page-size INT=16"));
+    EXPECT_THAT(eval.out, ::testing::Not(HasSubstr("--budget ")));
 }

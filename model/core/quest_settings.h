@@ -6,9 +6,12 @@
 #include <string>
 #include <utility>
 
+#include <vector>
+
 #include "kernels/select/registry.h"
 #include "kernels/select/selection.h"
 #include "model/core/config.h"
+#include "model/core/settings_table.h"
 
 namespace quest {
 
@@ -43,15 +46,27 @@ struct QuestSettings {
     // The policy in `quest eval jsonl --policies` syntax (parse_policy_spec): the selector, then the options that
     // differ from the defaults, e.g. "quest", "two-level+int8+s2", "quest+p0.95"; "full" under full attention.
     std::string policy_label() const;
+    bool operator==(const QuestSettings&) const = default;
 };
 
-// Reads settings from JSON text (keys: budget, page_size, dense_layers, gqa_policy, selector, metadata, shortlist,
-// sub_page, mass_target, match_bytes, reuse_cos, full_attention); keys that are absent keep the values of `base`. `source`
-// names the file in errors; unknown keys are errors too.
+// Every Quest setting, once (model/core/settings_table.h): the JSON keys budget, page_size, dense_layers, gqa_policy,
+// selector, metadata, shortlist, sub_page, mass_target, match_bytes, reuse_cos, full_attention, in that order.
+const std::vector<Setting<QuestSettings>>& quest_settings_table();
+
+// Reads settings from JSON text (the table's keys); keys that are absent keep the values of `base`. `source`
+// names the file in errors; unknown keys and values out of an entry's range are errors too.
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source,
                                    const QuestSettings& base = {});
 QuestSettings load_quest_settings(const std::filesystem::path& file, const QuestSettings& base = {});
 // The defaults compiled in from configs/quest-default.json.
 QuestSettings default_quest_settings();
+
+// A policy of `quest eval jsonl --policies`: `name[+opt...]`, name a selector (quest, streaming, oracle, two-level),
+// each opt a table entry's token: a metadata format (fp16, int8, int4), S<page size>, s<sub-page>, x<shortlist>,
+// p<mass target>, m (match bytes), r<reuse cosine>. The settings of `base` with those changed (not validated: the
+// budget is set per row); InputError naming the spec otherwise. policy_label() writes this syntax back.
+QuestSettings parse_policy(const std::string& spec, const QuestSettings& base);
+// The option list of the syntax above, for help and errors: "fp16, int8, int4, S<page_size>, ...".
+std::string policy_options_help();
 
 }  // namespace quest

@@ -280,7 +280,7 @@ std::span<const float> CudaLlama::decode(int token) {
     *h_token_ = token;
     // The first step runs eagerly (it also performs one-time kernel attribute set-up); later steps replay a graph.
     // Profiling records events between kernel groups, so it runs eagerly.
-    const bool capture = opts_.use_graph && !opts_.profile && decode_calls_ == 1 && !graph_;
+    const bool capture = opts_.graph && !opts_.profile && decode_calls_ == 1 && !graph_;
     if (capture) {
         cudaGraph_t g = nullptr;
         CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));

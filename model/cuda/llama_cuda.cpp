@@ -144,7 +144,7 @@ void CudaLlama::choose_decode_path() {
         }
     }
     check(lm_head_, Int4View{}, xn_.get(), H, "lm_head");
-    if (!opts_.fused_epilogues) why = "switched off (--fused-norms off)";
+    if (!opts_.fused_norms) why = "switched off (--fused-norms off)";
     fused_decode_ = why.empty();
     if (fused_decode_) {
         if (static_cast<size_t>(partials) > norm_partials_.size())

@@ -24,9 +24,9 @@
 namespace quest {
 
 struct CudaOptions {
-    int prefill_chunk = 2048;   // tokens per prefill chunk (activations scale with it, not with the prompt)
+    int prefill_chunk = 2048;   // --prefill-chunk: tokens per prefill chunk (activations scale with it, not with the prompt)
     int split_tokens = 0;       // tokens per block of the split-K decode attention (0: default_split_tokens)
-    bool use_graph = true;      // capture the decode step in a CUDA graph (false: launch kernel by kernel)
+    bool graph = true;          // --no-graph: false. capture the decode step in a CUDA graph (false: launch kernel by kernel)
     size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
     bool profile = false;       // time kernel groups with events (eager launches, no graph): profile_report()
     bool quest_fused = false;   // Quest layers: quest_decode's fused scoring + top-k (default: the separate launches)
@@ -39,7 +39,7 @@ struct CudaOptions {
     // (kernels/linear/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs), when every
     // linear matrix has a fused kernel; chosen once at load and logged (faster: docs/performance.md). false: the
     // separate kernels.
-    bool fused_epilogues = true;
+    bool fused_norms = true;  // --fused-norms
     // Tests and diagnostics: after each Quest layer of a decode step, copy its selected pages and page scores to a
     // per-layer log (two device-to-device copies per Quest layer, in the graph), read by last_selection().
     bool record_selections = false;

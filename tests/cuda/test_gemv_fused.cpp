@@ -442,7 +442,7 @@ TEST(CudaFused, ModelDecodeStepEqualsTheSeparateKernels) {
             CudaOptions fused, separate;
             fused.int4_group = separate.int4_group = group;
             fused.record_selections = separate.record_selections = true;
-            separate.fused_epilogues = false;
+            separate.fused_norms = false;
             QuestSettings q;
             q.budget = 64;
             q.page_size = 16;

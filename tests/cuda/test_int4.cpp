@@ -470,7 +470,7 @@ TEST(CudaInt4Model, QuantizeOnLoadEqualsTheQuantizedFolder) {
     auto run = [&](const std::filesystem::path& folder, int int4_group, bool graph) {
         CudaOptions o;
         o.int4_group = int4_group;
-        o.use_graph = graph;
+        o.graph = graph;
         auto b = CudaLlama::from_folder(open_model_folder(folder), full(), 64, o);
         b->prefill(prompt);
         std::vector<std::vector<float>> out;
