@@ -30,7 +30,11 @@ bool cuda_backend_built();
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o);
 // Random weights without a checkpoint (benchmarks): generated on the device for cuda, in memory for cpu.
 std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o);
-// Bytes one decode step must read at the backend's current position (weights + KV, or Quest's share).
+// Bytes one decode step must read at the backend's current position: the weights as the backend holds them, plus
+// the attention's reads under the bytes model (kernels/select/step_bytes.h: Quest's pages and metadata, or the
+// whole KV; K and V counted in fp16 on both backends, so that the rows compare).
 size_t backend_decode_bytes(const Backend& b);
+// The CPU backend's weight bytes per decode step: every parameter in fp32 (it holds every checkpoint format so).
+size_t cpu_weight_bytes(const ModelConfig& c);
 
 }  // namespace quest

@@ -54,11 +54,16 @@ QuestSettings base_settings(const EvalFlags& f) {
 BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
     if (f.backend == "cpu") {
         auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
-        return [w](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
+        return [w, model](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
+            check_context(model.config, capacity,
+                          "eval: the prompts need " + std::to_string(capacity) + " positions, which",
+                          (model.dir / "config.json").string());
             return std::make_unique<CpuLlama>(w, q, capacity);
         };
     }
     return [model, kind = f.backend](const QuestSettings& q, int capacity) {
+        check_context(model.config, capacity, "eval: the prompts need " + std::to_string(capacity) + " positions, which",
+                      (model.dir / "config.json").string());
         BackendOptions o;
         o.kind = kind;
         o.capacity = capacity;
@@ -126,8 +131,15 @@ EvalCommand add_eval_command(CLI::App& parent) {
         ->capture_default_str();
     cmd.run = [flags, passkey, jsonl]() -> int {
         const EvalFlags& f = *flags;
+        if (passkey->parsed() && !f.plot.empty()) check_plot_dependency();  // before the run, not after it
         const ModelFolder model = open_model_folder(f.model);
+        if (passkey->parsed())  // before any work (the weights load): a prompt of ctx tokens, then the answer's 8
+            for (int ctx : parse_int_list(f.contexts, "--contexts", false))
+                check_context(model.config, int64_t(ctx) + 8,
+                              "--contexts " + std::to_string(ctx) + " (+ 8 answer tokens)",
+                              (model.dir / "config.json").string());
         const Tokenizer tok(model.tokenizer_file());
+        check_tokenizer_vocab(tok, model);
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {
             PasskeyRequest r;
