@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include "model/core/step_bytes.h"
 #include "model/core/memory.h"
 #include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
@@ -62,6 +63,8 @@ bool cuda_backend_built() {
 
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
     check_kind(o.kind);
+    // Before any memory plan: a config claiming more layers than the checkpoint holds names the missing tensor.
+    check_checkpoint_matches_config(ModelFiles(model.dir), model.config, model.dir / "config.json");
     if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
     if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity, o.memory_limit);
 #ifdef QUEST_HAVE_CUDA
@@ -93,19 +96,6 @@ std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64
 #else
     no_cuda();
 #endif
-}
-
-size_t backend_decode_bytes(const Backend& b) {
-#ifdef QUEST_HAVE_CUDA
-    if (auto* c = dynamic_cast<const CudaLlama*>(&b)) return c->decode_bytes();
-#endif
-    // CPU: fp32 weights and KV (the CPU reference is not a performance path; the figure is for completeness).
-    const ModelConfig& c = b.config();
-    const size_t params = static_cast<size_t>(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
-                          static_cast<size_t>(c.num_layers) *
-                              (static_cast<size_t>(c.hidden_size) * (2 * c.q_dim() + 2 * c.kv_dim()) +
-                               3ull * c.hidden_size * c.intermediate_size);
-    return params * 4 + static_cast<size_t>(b.position()) * c.num_layers * 2 * c.kv_dim() * 4;
 }
 
 }  // namespace quest

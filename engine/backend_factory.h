@@ -39,7 +39,5 @@ bool cuda_backend_built();
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o);
 // Random weights without a checkpoint (benchmarks): generated on the device for cuda, in memory for cpu.
 std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o);
-// Bytes one decode step must read at the backend's current position (weights + KV, or Quest's share).
-size_t backend_decode_bytes(const Backend& b);
 
 }  // namespace quest

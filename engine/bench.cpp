@@ -10,6 +10,7 @@
 #include "model/core/step_bytes.h"
 #include "model/cpu/llama_cpu.h"
 #include "kernels/common/error.h"
+#include "model/core/memory.h"
 #include "model/io/quantize.h"
 #include "tokenizer/tokenizer.h"
 
@@ -76,22 +77,34 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
         std::ifstream in(r.text_file, std::ios::binary);
         if (!in) throw InputError(r.text_file + ": cannot open (--text)");
         const std::string text((std::istreambuf_iterator<char>(in)), {});
-        text_ids = Tokenizer(folder.tokenizer_file()).encode(text, /*add_bos=*/false);
+        const Tokenizer tok(folder.tokenizer_file());
+        check_tokenizer_vocab(tok, folder);
+        text_ids = tok.encode(text, /*add_bos=*/false);
         if (text_ids.empty()) throw InputError(r.text_file + ": no tokens in the text (--text)");
     }
     const std::string stored = r.random_weights ? "fp16" : stored_weights_label(folder);
     const std::vector<std::string> weights = r.weights.empty() ? std::vector<std::string>{""} : r.weights;
-    std::vector<BenchRow> rows;
+    // Every context is checked before the first row runs. Real weights: the one context rule (positions past the
+    // model's maximum give noise). Random weights measure latency only (no text, no quality): any length, e.g.
+    // configs/llama2-7b.json at 32K.
     for (int ctx : r.contexts) {
         if (ctx < 1) throw InputError("bench: contexts must be >= 1");
+        const int64_t positions = int64_t(ctx) + r.warmup + r.steps;  // 64 bits: --steps 2^31-1 overflowed
+        if (positions > (int64_t(1) << 30))
+            throw InputError("bench: context " + std::to_string(ctx) + " + --warmup + --steps = " +
+                             std::to_string(positions) + " tokens exceeds 2^30");
+        if (!r.random_weights)
+            check_context(config, positions,
+                          "--contexts " + std::to_string(ctx) + " (+ --warmup " + std::to_string(r.warmup) +
+                              " + --steps " + std::to_string(r.steps) + " = " + std::to_string(positions) + ")",
+                          (folder.dir / "config.json").string());
+    }
+    std::vector<BenchRow> rows;
+    for (int ctx : r.contexts) {
         for (int budget : r.budgets) for (const std::string& wspec : weights) {
             BackendOptions o = r.backend;
             const std::string wlabel = apply_weights(o, wspec, stored);
-            const int64_t capacity = int64_t(ctx) + r.warmup + r.steps;  // 64 bits: --steps 2^31-1 overflowed
-            if (capacity > (int64_t(1) << 30))
-                throw InputError("bench: context " + std::to_string(ctx) + " + --warmup + --steps = " +
-                                 std::to_string(capacity) + " tokens exceeds 2^30");
-            o.capacity = static_cast<int>(capacity);
+            o.capacity = static_cast<int>(int64_t(ctx) + r.warmup + r.steps);  // checked above
             if (budget == 0) {
                 o.quest.full_attention = true;
             } else {
@@ -115,15 +128,14 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             progress("  prefill " + std::to_string(ctx) + " tokens: " + std::to_string(row.prefill_s) + " s");
             std::vector<double> ms;
             size_t bytes = 0;
-            auto* cpu = dynamic_cast<CpuLlama*>(b.get());
             std::pair<double, double> model_bytes{0, 0};
             for (int i = 0; i < r.warmup + r.steps; ++i) {
-                if (i == r.warmup && cpu) cpu->reset_read_stats();
+                if (i == r.warmup) b->reset_read_stats();
                 b->decode(tok(rng));
                 if (i >= r.warmup) ms.push_back(b->last_decode_ms());
                 if (i == r.warmup + r.steps / 2) {
-                    bytes = backend_decode_bytes(*b);
-                    if (!cpu) model_bytes = quest_step_bytes_model(config, o.quest, b->position());
+                    bytes = b->decode_bytes();
+                    if (!b->read_stats()) model_bytes = quest_step_bytes_model(config, o.quest, b->position());
                 }
             }
             row.backend = b->name();
@@ -135,16 +147,19 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             row.tokens_per_s = 1000.0 / row.ms.mean;
             row.bytes = bytes;
             row.selector = o.quest.policy_label();
-            if (cpu) {
-                const ReadStats& st = cpu->read_stats();
-                row.attention_bytes = st.bytes_per_step();
-                row.metadata_bytes = st.metadata_bytes_per_step();
+            if (const ReadStats* st = b->read_stats()) {  // what the backend counted over the timed steps
+                row.attention_bytes = st->bytes_per_step();
+                row.metadata_bytes = st->metadata_bytes_per_step();
+                row.bytes = b->decode_bytes();  // the weights and that average
+                if (row.weights == "fp16" && b->name() == "cpu") row.weights = "fp32";  // float checkpoints in fp32
             } else {
                 row.attention_bytes = model_bytes.first;
                 row.metadata_bytes = model_bytes.second;
             }
-            row.gbps = static_cast<double>(bytes) / (row.ms.p50 * 1e-3) / 1e9;
-            row.device_memory = b->device_memory_bytes();
+            row.gbps = static_cast<double>(row.bytes) / (row.ms.p50 * 1e-3) / 1e9;
+            // cuda: the device memory held (peak); cpu: the host memory of its plan (weights + KV + metadata +
+            // activations, model/core/memory.h).
+            row.device_memory = b->device_memory_bytes() + b->host_memory_bytes();
             if (const std::string report = b->profile_report(); !report.empty()) progress(report);
             rows.push_back(row);
             char line[200];
@@ -163,7 +178,7 @@ std::string bench_table(const std::vector<BenchRow>& rows) {
                   "prefill_s", "attn_KiB", "meta_KiB", "mem_GiB");
     o << buf;
     for (const BenchRow& r : rows) {
-        // Device memory the backend held (its peak; CUDA only).
+        // cuda: device memory the backend held (its peak); cpu: host memory of the plan.
         char mem_buf[32] = "-";
         if (r.device_memory)
             std::snprintf(mem_buf, sizeof mem_buf, "%.2f", static_cast<double>(r.device_memory) / (1ull << 30));

@@ -21,6 +21,23 @@ ChatFormat detect_chat_format(const std::filesystem::path& model_dir) {
     return ChatFormat::Plain;
 }
 
+ChatCommand parse_chat_command(const std::string& line) {
+    if (line.empty() || line[0] != '/' || line.rfind("//", 0) == 0) return ChatCommand::Text;
+    if (line == "/quit" || line == "/exit") return ChatCommand::Quit;
+    if (line == "/reset") return ChatCommand::Reset;
+    if (line == "/stats") return ChatCommand::Stats;
+    if (line == "/help") return ChatCommand::Help;
+    return ChatCommand::Unknown;
+}
+
+std::string chat_help() {
+    return "/reset  start a new conversation\n"
+           "/stats  timings of the last answer\n"
+           "/help   this list\n"
+           "/quit   leave (also /exit, Ctrl-D)\n"
+           "//text  send text that starts with '/'\n";
+}
+
 ChatSession::ChatSession(Backend& backend, const Tokenizer& tok, Sampler& sampler, ChatFormat format,
                          std::string system)
     : backend_(backend), tok_(tok), sampler_(sampler), format_(format), system_(std::move(system)) {}

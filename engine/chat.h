@@ -19,6 +19,12 @@ enum class ChatFormat { Llama2, Plain };
 // Llama2 when the folder's tokenizer_config.json carries a chat template with [INST], Plain otherwise.
 ChatFormat detect_chat_format(const std::filesystem::path& model_dir);
 
+// A REPL line: a command (a line starting with '/') or text for the model. "//text" sends "/text".
+enum class ChatCommand { Text, Quit, Reset, Stats, Help, Unknown };
+ChatCommand parse_chat_command(const std::string& line);
+// What /help prints (one line per command).
+std::string chat_help();
+
 class ChatSession {
 public:
     ChatSession(Backend& backend, const Tokenizer& tok, Sampler& sampler, ChatFormat format, std::string system = {});

@@ -125,15 +125,14 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt
     const ModelFolder model = open_model_folder(mf.model_dir);
     mf.settings.check_model(model.config);
     const Tokenizer tok(model.tokenizer_file());
+    check_tokenizer_vocab(tok, model);
     const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     const int max_ctx = model.config.max_context();
     const int ctx_flag = mf.capacity_flag();
     // In 64 bits: -n 2147483647 overflowed int here (UBSan).
     int capacity = ctx_flag > 0 ? ctx_flag
                                 : static_cast<int>(std::min<int64_t>(static_cast<int64_t>(ids.size()) + n, max_ctx));
-    if (ctx_flag > max_ctx)
-        throw InputError("-c " + std::to_string(ctx_flag) + " exceeds the model's maximum context of " +
-                         std::to_string(max_ctx) + " tokens (max_position_embeddings in config.json)");
+    check_context(model.config, ctx_flag, "-c " + std::to_string(ctx_flag));
     if (static_cast<int>(ids.size()) > capacity)
         throw InputError("the prompt has " + std::to_string(ids.size()) + " tokens but the context holds " +
                          std::to_string(capacity) + " (model maximum " + std::to_string(max_ctx) + ")");
@@ -198,6 +197,7 @@ struct BenchFlags {
 
 int cmd_bench(const ModelFlags& mf, const BenchFlags& bf) {
     mf.check();
+    if (!bf.plot.empty()) check_plot_dependency();  // before the run, not after it
     mf.settings.check_model(open_model_or_config(mf.model_dir, bf.random_weights).config);
     BenchRequest r;
     r.model = mf.model_dir;
@@ -270,10 +270,9 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
     const ModelFolder model = open_model_folder(mf.model_dir);
     mf.settings.check_model(model.config);
     const Tokenizer tok(model.tokenizer_file());
+    check_tokenizer_vocab(tok, model);
     const int capacity = mf.capacity_flag() > 0 ? mf.capacity_flag() : model.config.max_context();
-    if (capacity > model.config.max_context())
-        throw InputError("-c " + std::to_string(capacity) + " exceeds the model's maximum context of " +
-                         std::to_string(model.config.max_context()) + " tokens");
+    check_context(model.config, capacity, "-c " + std::to_string(capacity));
     ChatFormat format = detect_chat_format(model.dir);
     if (cf.format == "llama2") format = ChatFormat::Llama2;
     else if (cf.format == "plain") format = ChatFormat::Plain;
@@ -283,7 +282,7 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
     Sampler sampler(cf.sampling);
     ChatSession chat(*backend, tok, sampler, format, cf.system);
     const bool tty = isatty(STDIN_FILENO);
-    spdlog::info("chat with {} on {} ({} format, context {} tokens, {}); /reset, /stats, Ctrl-D to quit",
+    spdlog::info("chat with {} on {} ({} format, context {} tokens, {}); /help lists the commands, Ctrl-D to quit",
                  mf.model_dir, backend->name(), format == ChatFormat::Llama2 ? "Llama-2 chat" : "plain continuation",
                  backend->capacity(), backend->quest().describe());
     install_sigint();
@@ -302,15 +301,27 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
                 if (tty) std::fputc('\n', stdout);  // a fresh prompt
                 continue;
             }
+            if (tty) std::fputc('\n', stdout);  // Ctrl-D: leave the prompt line
             break;  // Ctrl-D or end of the piped input
         }
-        if (line == "/quit" || line == "/exit") break;
-        if (line == "/reset") {
+        const ChatCommand command = parse_chat_command(line);
+        if (command == ChatCommand::Quit) break;
+        if (command == ChatCommand::Unknown) {  // never sent to the model
+            const std::string word = line.substr(0, line.find_first_of(" \t"));
+            std::fprintf(stderr, "unknown command %s, /help lists them\n", word.c_str());
+            continue;
+        }
+        if (command == ChatCommand::Help) {
+            std::fputs(chat_help().c_str(), stderr);
+            continue;
+        }
+        if (command == ChatCommand::Text && line.rfind("//", 0) == 0) line.erase(0, 1);
+        if (command == ChatCommand::Reset) {
             chat.reset();
             std::fprintf(stderr, "(conversation reset)\n");
             continue;
         }
-        if (line == "/stats") {
+        if (command == ChatCommand::Stats) {
             const GenerateResult& r = chat.last();
             const LatencyStats s = summarize_latency(r.decode_ms);
             std::fprintf(stderr, "last answer: prefill %d tokens in %.2f ms; %zu tokens, decode p50 %.3f ms/token, "
@@ -387,6 +398,11 @@ std::vector<int> parse_int_list(const std::string& s, const std::string& flag, b
     return out;
 }
 
+void check_plot_dependency() {
+    if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+        throw InputError("--plot: needs python3 with matplotlib (Debian: python3-matplotlib)");
+}
+
 int run_cli(int argc, char** argv) {
     auto logger = spdlog::stderr_color_mt("quest");
     spdlog::set_default_logger(logger);
@@ -442,6 +458,23 @@ int run_cli(int argc, char** argv) {
                     "cuda: time the decode step per kernel group (eager launches; printed per row)");
     bench->add_option("--plot", bf.plot, "draw latency vs context as PNG (python3 + matplotlib)");
     bench->add_option("--text", bf.text, "prefill with this text's tokens (repeated) instead of random ids");
+    bench->footer(
+        "Columns (one row per context x budget x weights):\n"
+        "  backend, policy   the backend; the page selector and its options (S = page size)\n"
+        "  weights           the linear layers as the backend holds them: fp16 / int4-g<G> (cuda), fp32 (cpu: float\n"
+        "                    checkpoints; int4 rows hold the dequantized int4 values in fp32)\n"
+        "  context, budget   prefilled tokens; Quest token budget per step and layer ('full': no Quest)\n"
+        "  p50_ms .. mean_ms decode step latency over --steps timed steps (after --warmup)\n"
+        "  tok/s             1000 / mean_ms\n"
+        "  GB/step           bytes one decode step reads: the weights (cpu: 4 bytes per parameter) + attn_KiB\n"
+        "  GB/s              GB/step / p50\n"
+        "  prefill_s         the prefill of the context\n"
+        "  attn_KiB          attention bytes per step, every layer: dense layers' K and V, Quest layers' metadata and\n"
+        "                    selected pages (model/core/step_bytes.h's bytes model, K/V counted in fp16 on both\n"
+        "                    backends; cpu: counted as it reads, cuda: the model)\n"
+        "  meta_KiB          the page-metadata part of attn_KiB (page bounds scored; the oracle's key pass)\n"
+        "  mem_GiB           cuda: device memory held (peak); cpu: host memory of the memory plan (weights + KV cache\n"
+        "                    + metadata + activations)");
     bench->add_option("--weights", bf.weights,
                       "comma-separated linear-layer formats, rows side by side: fp16, int4 (group 128), int4-g64, ... "
                       "(FP16 checkpoints are quantized on load; --random-weights draws int4 on the device)");
@@ -487,6 +520,20 @@ int run_cli(int argc, char** argv) {
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
+        // `quest foo`: CLI11 would say "A subcommand is required"; name the word and the subcommands instead.
+        if (argc > 1 && argv[1][0] != '-') {
+            bool known = false;
+            std::string names;
+            for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+                known = known || sub->get_name() == argv[1];
+                names += (names.empty() ? "" : ", ") + sub->get_name();
+            }
+            if (!known) {
+                std::fprintf(stderr, "error: unknown subcommand '%s' (expected one of: %s; quest --help)\n", argv[1],
+                             names.c_str());
+                return 2;
+            }
+        }
         const int code = app.exit(e);
         return code == 0 ? 0 : 2;
     }

@@ -24,17 +24,15 @@ const char* kQuestion = " What is the pass key? The pass key is";
 
 void enable_diagnostics(Backend& b, bool on) {
     if (!on) return;
-    auto* cpu = dynamic_cast<CpuLlama*>(&b);
-    if (!cpu) throw InputError("--diagnostics: the selection diagnostics need --backend cpu (the reference backend)");
-    cpu->set_selection_diagnostics(true);
+    if (!b.set_selection_diagnostics(true))
+        throw InputError("--diagnostics: the " + b.name() + " backend computes no selection diagnostics (--backend cpu does)");
 }
 
 // Adds the backend's diagnostics (if on) into `acc` as sums over steps.
 void collect(const Backend& b, SelectionSummary& acc) {
-    const auto* cpu = dynamic_cast<const CpuLlama*>(&b);
-    if (!cpu) return;
-    const SelectionDiagnostics& d = cpu->selection_diagnostics();
-    if (d.steps.empty()) return;
+    const SelectionDiagnostics* diag = b.selection_diagnostics();
+    if (!diag || diag->steps.empty()) return;
+    const SelectionDiagnostics& d = *diag;
     if (acc.per_layer_head_selected.empty()) {
         acc.per_layer_head_selected.assign(d.selected_mass.size(), std::vector<double>(d.selected_mass[0].size(), 0.0));
         acc.per_layer_head_oracle = acc.per_layer_head_selected;
@@ -74,8 +72,8 @@ void finish(SelectionSummary& s, const std::vector<int>& steps_per_layer) {
 }
 
 std::vector<int> steps_of(const Backend& b) {
-    const auto* cpu = dynamic_cast<const CpuLlama*>(&b);
-    return cpu ? cpu->selection_diagnostics().steps : std::vector<int>{};
+    const SelectionDiagnostics* d = b.selection_diagnostics();
+    return d ? d->steps : std::vector<int>{};
 }
 
 void add_steps(std::vector<int>& total, const std::vector<int>& s) {
@@ -85,9 +83,9 @@ void add_steps(std::vector<int>& total, const std::vector<int>& s) {
 
 // Adds the backend's read counters into `acc` (sums; bytes_finish turns them into means).
 void bytes_collect(const Backend& b, ReadStats& acc) {
-    const auto* cpu = dynamic_cast<const CpuLlama*>(&b);
-    if (!cpu) return;
-    const ReadStats& r = cpu->read_stats();
+    const ReadStats* counted = b.read_stats();
+    if (!counted) return;
+    const ReadStats& r = *counted;
     acc.steps += r.steps;
     acc.quest_layer_bytes += r.quest_layer_bytes;
     acc.metadata_bytes += r.metadata_bytes;
@@ -111,7 +109,7 @@ BytesSummary bytes_finish(const ReadStats& r) {
 }
 
 void reset_reads(Backend& b) {
-    if (auto* cpu = dynamic_cast<CpuLlama*>(&b)) cpu->reset_read_stats();
+    b.reset_read_stats();
 }
 
 nlohmann::json bytes_json(const BytesSummary& b) {
@@ -203,7 +201,7 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
                 const PasskeyPrompt& p = prompts[i];
                 backend->reset();
                 reset_reads(*backend);
-                if (r.diagnostics) dynamic_cast<CpuLlama&>(*backend).set_selection_diagnostics(true);
+                if (r.diagnostics) backend->set_selection_diagnostics(true);
                 std::span<const float> logits = backend->prefill(p.prefill);
                 for (int t : p.question) logits = backend->decode(t);  // one by one: Quest selects for each
                 std::string answer;
@@ -470,7 +468,6 @@ std::vector<JsonlRow> run_jsonl(const BackendMaker& make, const Tokenizer& tok, 
     }
     // The shared prefill: a full-attention CPU backend whose cache every CPU configuration copies.
     std::unique_ptr<Backend> base = make(settings_for(r.base, 0), capacity);
-    auto* base_cpu = dynamic_cast<CpuLlama*>(base.get());
     std::vector<JsonlRow> rows;
     for (size_t i = 0; i < prompts.size(); ++i) {
         const JsonlPrompt& p = prompts[i];
@@ -481,12 +478,10 @@ std::vector<JsonlRow> run_jsonl(const BackendMaker& make, const Tokenizer& tok, 
         for (Config& c : configs) {
             Backend& b = *c.backend;
             b.reset();
-            if (r.diagnostics) dynamic_cast<CpuLlama&>(b).set_selection_diagnostics(true);
+            if (r.diagnostics) b.set_selection_diagnostics(true);
             reset_reads(b);
             std::span<const float> logits;
-            auto* cpu = dynamic_cast<CpuLlama*>(&b);
-            if (cpu && base_cpu) {
-                cpu->copy_cache_from(*base_cpu);
+            if (b.copy_cache_from(*base)) {
                 logits = prefill_logits;
             } else {
                 logits = b.prefill(p.prefill);

@@ -49,11 +49,16 @@ BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
     f.settings.apply_backend(backend);
     if (backend.kind == "cpu") {
         auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
-        return [w](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
+        return [w, model](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
+            check_context(model.config, capacity,
+                          "eval: the prompts need " + std::to_string(capacity) + " positions, which",
+                          (model.dir / "config.json").string());
             return std::make_unique<CpuLlama>(w, q, capacity);
         };
     }
     return [model, backend](const QuestSettings& q, int capacity) {
+        check_context(model.config, capacity, "eval: the prompts need " + std::to_string(capacity) + " positions, which",
+                      (model.dir / "config.json").string());
         BackendOptions o = backend;
         o.capacity = capacity;
         o.quest = q;
@@ -107,10 +112,17 @@ EvalCommand add_eval_command(CLI::App& parent) {
         ->capture_default_str();
     cmd.run = [flags, passkey, jsonl]() -> int {
         const EvalFlags& f = *flags;
+        if (passkey->parsed() && !f.plot.empty()) check_plot_dependency();  // before the run, not after it
         const QuestSettings base = base_settings(f);  // the flags checked before the model is opened
         const ModelFolder model = open_model_folder(f.model);
         f.settings.check_model(model.config);
+        if (passkey->parsed())  // before any work (the weights load): a prompt of ctx tokens, then the answer's 8
+            for (int ctx : parse_int_list(f.contexts, "--contexts", false))
+                check_context(model.config, int64_t(ctx) + 8,
+                              "--contexts " + std::to_string(ctx) + " (+ 8 answer tokens)",
+                              (model.dir / "config.json").string());
         const Tokenizer tok(model.tokenizer_file());
+        check_tokenizer_vocab(tok, model);
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {
             PasskeyRequest r;

@@ -19,7 +19,7 @@ SoakBucket close_bucket(const Backend& b, int first, const std::vector<double>& 
     k.first_position = first;
     k.last_position = b.position() - 1;
     k.ms = summarize_latency(ms);
-    k.bytes = backend_decode_bytes(b);
+    k.bytes = b.decode_bytes();
     k.gbps = k.ms.mean > 0 ? static_cast<double>(k.bytes) / (k.ms.mean * 1e-3) / 1e9 : 0;
     const double gbps = ref_gbps > 0 ? ref_gbps : k.gbps;
     k.predicted_ms = gbps > 0 ? static_cast<double>(k.bytes) / (gbps * 1e9) * 1e3 : 0;

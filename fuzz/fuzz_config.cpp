@@ -64,6 +64,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(c.head_dim > 0 && c.head_dim % 2 == 0);
     FUZZ_CHECK(c.q_dim() > 0 && c.kv_dim() > 0 && c.group_size() >= 1);
     FUZZ_CHECK(c.max_context() > 0);
+    // The parse-time ranges (config.h): what keeps llama_tensor_specs and the loaders small (21,474,836 layers ran the
+    // target out of memory before the ranges).
+    FUZZ_CHECK(c.num_layers <= kMaxLayers && c.hidden_size <= kMaxHiddenSize && c.num_heads <= kMaxHeads &&
+               c.num_kv_heads <= kMaxHeads && c.vocab_size <= kMaxVocabSize &&
+               c.intermediate_size <= kMaxIntermediateSize && c.head_dim <= kMaxHeadDim &&
+               c.max_position_embeddings <= kMaxPositions);
     FUZZ_CHECK(c.bos_token_id >= 0 && c.bos_token_id < c.vocab_size);
     for (int id : c.eos_token_ids) FUZZ_CHECK(id >= 0 && id < c.vocab_size);
     FUZZ_CHECK(std::isfinite(c.rms_norm_eps) && c.rms_norm_eps > 0);

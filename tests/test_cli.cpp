@@ -9,12 +9,14 @@
 #include <nlohmann/json.hpp>
 #include <sys/wait.h>
 
+#include "engine/chat.h"
 #include "model/core/config.h"
 #include "model/io/make_model.h"
 #include "test_util.h"
 
 using namespace quest;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 namespace {
 
@@ -280,4 +282,223 @@ TEST(Cli, HelpShowsEverySettingsDefault) {
     const RunResult eval = run_quest("eval jsonl --help");
     EXPECT_THAT(eval.out, HasSubstr("--page-size INT=16"));
     EXPECT_THAT(eval.out, ::testing::Not(HasSubstr("--budget ")));
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The front door: bad input is one line `error: ...` naming the file or flag, exit 2, nothing written
+// ---------------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+// A random-weight model folder with `config` (JSON) and the committed 512-piece tokenizer.
+std::filesystem::path model_with(const std::string& name, const std::string& config) {
+    const auto dir = test::temp_dir(name);
+    write_random_llama(dir, parse_model_config(config, "inline"), {3, DType::F16});
+    std::filesystem::copy_file(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model", dir / "tokenizer.model");
+    return dir;
+}
+
+int count(const std::string& s, const std::string& what) {
+    int n = 0;
+    for (size_t i = s.find(what); i != std::string::npos; i = s.find(what, i + 1)) ++n;
+    return n;
+}
+
+}  // namespace
+
+// One context rule for every subcommand (generate's -c was the only one checked): eval passkey, bench and chat refuse
+// a context past max_position_embeddings before any work, naming the flag; nothing is written.
+TEST(Cli, ContextBeyondTheModelMaximumIsRefusedByEverySubcommand) {
+    const auto m = small_model("cli_ctx_all");  // max_position_embeddings 256
+    const auto dir = test::temp_dir("cli_ctx_all_out");
+    const std::string json = (dir / "r.json").string();
+    RunResult r = run_quest("eval passkey -m '" + m.string() + "' --contexts 128,300 --budgets full --samples 1 --json '" +
+                            json + "'");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: --contexts 300 (+ 8 answer tokens) exceeds the model's maximum context of 256"));
+    EXPECT_THAT(r.err, HasSubstr("config.json"));
+    EXPECT_THAT(r.err, Not(HasSubstr("passkey context 128")));  // refused before the first context ran
+    r = run_quest("bench -m '" + m.string() + "' --contexts 64,300 --budgets full --steps 2 --warmup 0 --json '" + json + "'");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: --contexts 300 (+ --warmup 0 + --steps 2 = 302) exceeds the model's maximum "
+                                 "context of 256"));
+    EXPECT_THAT(r.err, Not(HasSubstr("prefill")));
+    // The positions are what counts: 250 prefilled + 8 timed steps do not fit either.
+    r = run_quest("bench -m '" + m.string() + "' --contexts 250 --budgets full --steps 8 --warmup 0");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    r = run_quest("chat -m '" + m.string() + "' -c 1000 < /dev/null");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: -c 1000 exceeds the model's maximum context of 256"));
+    EXPECT_FALSE(std::filesystem::exists(json));
+    // --random-weights measures latency only: any length (e.g. configs/llama2-7b.json at 32K).
+    r = run_quest("bench -m '" + (m / "config.json").string() + "' --random-weights --contexts 300 --budgets full "
+                  "--steps 1 --warmup 0");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// `quest foo`: the unknown word and the subcommands, not "A subcommand is required".
+TEST(Cli, UnknownSubcommandIsNamedWithTheList) {
+    const RunResult r = run_quest("foo");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("error: unknown subcommand 'foo'"));
+    for (const char* sub : {"generate", "bench", "eval", "chat", "quantize", "soak", "make-model"})
+        EXPECT_THAT(r.err, HasSubstr(sub));
+    EXPECT_EQ(count(r.err, "\n"), 1) << r.err;
+}
+
+// An unknown /command is answered, not sent to the model; /help lists the commands; "//x" sends "/x".
+TEST(Cli, ChatUnknownCommandIsNotSentToTheModel) {
+    const auto m = small_model("cli_chat_cmd");
+    const auto dir = test::temp_dir("cli_chat_cmd_in");
+    std::ofstream(dir / "in.txt") << "/foo bar\n/help\n";
+    RunResult r = run_quest("chat -m '" + m.string() + "' -n 5 --temp 0 < '" + (dir / "in.txt").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("unknown command /foo, /help lists them"));
+    EXPECT_THAT(r.err, HasSubstr("/reset"));
+    EXPECT_THAT(r.err, HasSubstr("/stats"));
+    EXPECT_EQ(r.out, "");  // nothing answered: nothing reached the model
+    std::ofstream(dir / "in.txt") << "//not a command\n/stats\n";
+    r = run_quest("chat -m '" + m.string() + "' -n 5 --temp 0 < '" + (dir / "in.txt").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("unknown command")));
+    EXPECT_THAT(r.err, HasSubstr("last answer: prefill"));
+    EXPECT_NE(r.out, "");
+}
+
+TEST(Cli, ChatCommandsParse) {
+    EXPECT_EQ(parse_chat_command("hello"), ChatCommand::Text);
+    EXPECT_EQ(parse_chat_command(""), ChatCommand::Text);
+    EXPECT_EQ(parse_chat_command("//x"), ChatCommand::Text);
+    EXPECT_EQ(parse_chat_command("/quit"), ChatCommand::Quit);
+    EXPECT_EQ(parse_chat_command("/exit"), ChatCommand::Quit);
+    EXPECT_EQ(parse_chat_command("/reset"), ChatCommand::Reset);
+    EXPECT_EQ(parse_chat_command("/stats"), ChatCommand::Stats);
+    EXPECT_EQ(parse_chat_command("/help"), ChatCommand::Help);
+    EXPECT_EQ(parse_chat_command("/foo"), ChatCommand::Unknown);
+    EXPECT_EQ(parse_chat_command("/reset now"), ChatCommand::Unknown);
+}
+
+// --plot without matplotlib: refused before the benchmark runs (it used to run it all, then fail).
+TEST(Cli, PlotWithoutMatplotlibIsRefusedBeforeTheRun) {
+    const auto bin = test::temp_dir("cli_noplot_bin");
+    std::ofstream(bin / "python3") << "#!/bin/sh\nexit 1\n";  // a python3 without matplotlib
+    std::filesystem::permissions(bin / "python3", std::filesystem::perms::owner_all);
+    const std::string old_path = std::getenv("PATH") ? std::getenv("PATH") : "";
+    setenv("PATH", (bin.string() + ":" + old_path).c_str(), 1);
+    const auto dir = test::temp_dir("cli_noplot");
+    const RunResult b = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                  "' --contexts 40 --budgets full --steps 2 --warmup 0 --plot '" +
+                                  (dir / "p.png").string() + "'");
+    const RunResult e = run_quest("eval passkey -m '" + test::demo_model_dir().string() +
+                                  "' --contexts 100 --budgets full --samples 1 --plot '" + (dir / "e.png").string() + "'");
+    setenv("PATH", old_path.c_str(), 1);
+    for (const RunResult& r : {b, e}) {
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_EQ(r.err, "error: --plot: needs python3 with matplotlib (Debian: python3-matplotlib)\n");
+        EXPECT_EQ(r.out, "");
+    }
+    EXPECT_TRUE(std::filesystem::is_empty(dir));
+}
+
+// A tokenizer with more pieces than the model's vocab_size (ids past the embedding table) is refused at load, naming
+// both files; fewer pieces (a padded vocabulary) is allowed and said once.
+TEST(Cli, TokenizerLargerThanTheVocabularyIsRefused) {
+    const std::string dims = R"("hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256)";
+    const auto small = model_with("cli_vocab_small", "{" + dims + R"(, "vocab_size": 300})");  // demo-512: 512 pieces
+    for (const std::string& sub : std::vector<std::string>{"generate -p hi -n 2", "chat -n 2 < /dev/null", "eval passkey --contexts 64 --samples 1 "
+                                  "--budgets full", "bench --contexts 16 --budgets full --steps 1 --text '" + (small / "config.json").string() + "'"}) {
+        const std::string verb = sub.substr(0, sub.find(' '));
+        const std::string rest = sub.substr(sub.find(' '));
+        const std::string args = verb == "eval" ? "eval passkey -m '" + small.string() + "'" + rest.substr(8)
+                                                : verb + " -m '" + small.string() + "'" + rest;
+        const RunResult r = run_quest(args);
+        EXPECT_EQ(r.exit_code, 2) << sub << ": " << r.err;
+        EXPECT_THAT(r.err, HasSubstr("tokenizer.model: 512 pieces, more than vocab_size 300 in")) << sub;
+        EXPECT_THAT(r.err, HasSubstr("config.json")) << sub;
+    }
+    const auto padded = model_with("cli_vocab_padded", "{" + dims + R"(, "vocab_size": 640})");
+    const RunResult r = run_quest("generate -m '" + padded.string() + "' -p hi -n 0");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(count(r.err, "has 512 pieces"), 1) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("vocab_size 640"));
+}
+
+// The same with a real pair: the Llama-2 tokenizer (32000 pieces) in stories260K's folder (vocab_size 512).
+TEST(Cli, Llama2TokenizerWithStories260KIsRefused) {
+    const auto stories = test::shared_dir() / "models/stories260K";
+    const auto llama2 = test::shared_dir() / "models/llama2-tokenizer/tokenizer.model";
+    QUEST_REQUIRE_PATH(stories);
+    QUEST_REQUIRE_PATH(llama2);
+    const auto dir = test::temp_dir("cli_vocab_llama2");
+    for (const char* f : {"config.json", "model.safetensors"}) std::filesystem::copy_file(stories / f, dir / f);
+    std::filesystem::copy_file(llama2, dir / "tokenizer.model");
+    const RunResult r = run_quest("generate -m '" + dir.string() + "' -p hi -n 2");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("tokenizer.model: 32000 pieces, more than vocab_size"));
+}
+
+// quantize -o: a file there, or a parent that is not a folder, is refused before any layer is read.
+TEST(Cli, QuantizeOutputPathIsCheckedFirst) {
+    const auto m = small_model("cli_q_out");
+    const auto dir = test::temp_dir("cli_q_out_dir");
+    std::ofstream(dir / "file") << "keep";
+    RunResult r = run_quest("quantize -m '" + m.string() + "' -o '" + (dir / "file").string() + "' --group 32");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: -o " + (dir / "file").string() + ": exists and is not a folder"));
+    EXPECT_THAT(r.err, Not(HasSubstr("layer 1 of")));
+    EXPECT_EQ(test::slurp(dir / "file"), "keep");
+    r = run_quest("quantize -m '" + m.string() + "' -o '" + (dir / "file/sub").string() + "' --group 32");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("is not a folder"));
+    if (::geteuid() != 0) {  // permissions do not stop root
+        std::filesystem::create_directory(dir / "ro");
+        std::filesystem::permissions(dir / "ro", std::filesystem::perms::owner_read | std::filesystem::perms::owner_exec);
+        r = run_quest("quantize -m '" + m.string() + "' -o '" + (dir / "ro/out").string() + "' --group 32");
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_THAT(r.err, HasSubstr("is not writable"));
+    }
+}
+
+// A model whose every input dimension is below the group (stories260K, the small test models at group 128): no
+// "weight error 0.0000" over zero layers, but exit 2 with the group that works; nothing is written.
+TEST(Cli, QuantizeWithNoQuantizableLayerSaysSo) {
+    const auto m = small_model("cli_q_none");  // hidden 32, intermediate 64, q_dim 32
+    const auto out = test::temp_dir("cli_q_none_out") / "q";
+    RunResult r = run_quest("quantize -m '" + m.string() + "' -o '" + out.string() + "'");
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("error: --group 128: no linear layer of"));
+    EXPECT_THAT(r.err, HasSubstr("input dimensions 32, 64 are not multiples of 128"));
+    EXPECT_THAT(r.err, HasSubstr("try --group 32 (7 of the 7 linear layers per block)"));
+    EXPECT_FALSE(std::filesystem::exists(out));
+    r = run_quest("quantize -m '" + m.string() + "' -o '" + out.string() + "' --group 32");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("quantized 21 of 21"));
+}
+
+// CPU bench rows: GB/step counts what the CPU reads (fp32 weights + the attention's bytes model: Quest below full),
+// the weights are labelled fp32, mem_GiB is the host memory plan; bench --help explains every column.
+TEST(Cli, CpuBenchRowsReportWhatTheCpuReads) {
+    const auto dir = test::temp_dir("cli_bench_cpu_bytes");
+    // demo-random: 4 layers (2 dense); 256 tokens of pages of 8 = 32 pages > the budget's 2.
+    const RunResult r = run_quest("bench -m '" + test::demo_model_dir().string() +
+                                  "' --backend cpu --contexts 256 --budgets full,16 --page-size 8 --steps 2 "
+                                  "--warmup 0 --json '" + (dir / "b.json").string() + "'");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::ifstream in(dir / "b.json");
+    const auto rows = nlohmann::json::parse(in);
+    ASSERT_EQ(rows.size(), 2u);
+    EXPECT_LT(rows[1]["bytes"].get<double>(), rows[0]["bytes"].get<double>());
+    EXPECT_LT(rows[1]["attention_bytes"].get<double>(), rows[0]["attention_bytes"].get<double>() * 0.75);
+    // The difference of the rows is the attention's alone (the same fp32 weights).
+    EXPECT_NEAR(rows[0]["bytes"].get<double>() - rows[1]["bytes"].get<double>(),
+                rows[0]["attention_bytes"].get<double>() - rows[1]["attention_bytes"].get<double>(), 1.0);
+    for (const auto& row : rows) {
+        EXPECT_EQ(row["weights"], "fp32");
+        EXPECT_GT(row["device_memory"].get<double>(), 0.0);
+    }
+    EXPECT_THAT(r.out, Not(HasSubstr(" fp16 ")));
+    const RunResult help = run_quest("bench --help");
+    for (const char* col : {"GB/step", "attn_KiB", "meta_KiB", "mem_GiB", "host memory", "fp32"})
+        EXPECT_THAT(help.out, HasSubstr(col));
 }

@@ -167,7 +167,7 @@ TEST(Config, InvalidTopLevel) {
     EXPECT_THAT(raw_error(R"({"intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256})"),
                 HasSubstr("'hidden_size': missing"));
     EXPECT_THAT(raw_error("{" + ok + R"(, "num_key_value_heads": 3})"), HasSubstr("multiple of num_key_value_heads"));
-    EXPECT_THAT(raw_error("{" + ok + R"(, "hidden_size": -1})"), HasSubstr("positive integer"));
+    EXPECT_THAT(raw_error("{" + ok + R"(, "hidden_size": -1})"), HasSubstr("expected an integer in 1..65536, got -1"));
     EXPECT_THAT(raw_error("{" + ok + R"(, "head_dim": 33})"), HasSubstr("even"));
     EXPECT_THAT(raw_error("{" + ok + R"(, "eos_token_id": 999})"), HasSubstr("outside the vocabulary"));
     EXPECT_THAT(raw_error("{" + ok + R"(, "torch_dtype": "int8"})"), HasSubstr("unsupported dtype"));
@@ -187,4 +187,28 @@ TEST(Config, RoundTripThroughJson) {
     EXPECT_DOUBLE_EQ(b.rope.beta_fast, 16.0);
     EXPECT_EQ(rope_frequencies(a, 1).inv_freq, rope_frequencies(b, 1).inv_freq);
     EXPECT_EQ(rope_frequencies(a, 1).attention_scaling, rope_frequencies(b, 1).attention_scaling);
+}
+
+// Every dimension has a sane range, checked at parse time (a larger value sized allocations before the checkpoint was
+// read: 214,748,364 layers for a 5-layer file), naming the key and the range.
+TEST(Config, DimensionsAreBoundedAtParseTime) {
+    const std::string base = R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "vocab_size": 256)";
+    auto with = [&](const std::string& extra) { return raw_error("{" + base + ", " + extra + "}"); };
+    EXPECT_THAT(with(R"("num_hidden_layers": 214748364)"),
+                HasSubstr("field 'num_hidden_layers': expected an integer in 1..1024, got 214748364"));
+    EXPECT_THAT(with(R"("hidden_size": 65537)"), HasSubstr("field 'hidden_size': expected an integer in 1..65536"));
+    EXPECT_THAT(with(R"("num_attention_heads": 1025)"), HasSubstr("field 'num_attention_heads': expected an integer in 1..1024"));
+    EXPECT_THAT(with(R"("num_key_value_heads": 2048)"), HasSubstr("field 'num_key_value_heads': expected an integer in 1..1024"));
+    EXPECT_THAT(with(R"("vocab_size": 4194305)"), HasSubstr("field 'vocab_size': expected an integer in 1..4194304"));
+    EXPECT_THAT(with(R"("intermediate_size": 1048577)"), HasSubstr("field 'intermediate_size': expected an integer in 1..1048576"));
+    EXPECT_THAT(with(R"("head_dim": 1026)"), HasSubstr("field 'head_dim': expected an integer in 1..1024"));
+    EXPECT_THAT(with(R"("max_position_embeddings": 16777217)"),
+                HasSubstr("field 'max_position_embeddings': expected an integer in 1..16777216"));
+    EXPECT_THAT(raw_error(R"({"hidden_size": 65536, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 32,
+        "vocab_size": 256})"), HasSubstr("hidden_size / num_attention_heads = 2048 exceeds the head_dim limit of 1024"));
+    // The limits themselves are accepted.
+    EXPECT_EQ(raw_error(R"({"hidden_size": 65536, "intermediate_size": 1048576, "num_hidden_layers": 1024,
+        "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 1024, "vocab_size": 4194304,
+        "max_position_embeddings": 16777216})"), "(no error)");
 }

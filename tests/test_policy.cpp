@@ -583,7 +583,7 @@ TEST(Policy, EngineCountsBytesPerStepByHand) {
     for (int i = 0; i < 45; ++i) prompt[i] = 3 + (i * 31) % 90;
     b.prefill(prompt);
     b.decode(5);
-    const ReadStats& r = b.read_stats();
+    const ReadStats& r = *b.read_stats();
     EXPECT_EQ(r.steps, 1);
     // Dense layer: 46 tokens x 2 KV heads x 32 bytes.
     EXPECT_EQ(r.dense_layer_bytes, 46 * 2 * 32);
@@ -632,9 +632,9 @@ TEST(Policy, ReuseKeepsTheSelectionWithinAPageAndSkipsTheMetadata) {
         if (!new_page) reused_expected += 2;  // both Quest layers
         prev = reuse.last_selection();
     }
-    EXPECT_EQ(same.read_stats().reused_steps, 0);
-    EXPECT_EQ(same.read_stats().metadata_bytes, plain.read_stats().metadata_bytes);
-    EXPECT_EQ(reuse.read_stats().reused_steps, reused_expected);
+    EXPECT_EQ(same.read_stats()->reused_steps, 0);
+    EXPECT_EQ(same.read_stats()->metadata_bytes, plain.read_stats()->metadata_bytes);
+    EXPECT_EQ(reuse.read_stats()->reused_steps, reused_expected);
     EXPECT_GT(reused_expected, 0);
     // Metadata is read only at the fresh selections: (steps * 2 layers - reused) x 2 KV heads x (P - 1) pages x 32
     // bytes, P at each fresh step; count it by hand.
@@ -643,13 +643,13 @@ TEST(Policy, ReuseKeepsTheSelectionWithinAPageAndSkipsTheMetadata) {
         const int len = 61 + int(i) + 1, pages = (len + 3) / 4;
         if (i == 0 || (len - 1) % 4 == 0) meta += 2 * 2 * int64_t(pages - 1) * 32;
     }
-    EXPECT_EQ(reuse.read_stats().metadata_bytes, meta);
+    EXPECT_EQ(reuse.read_stats()->metadata_bytes, meta);
     // A prefill forgets the anchors: the next step selects afresh.
     reuse.reset();
     reuse.prefill(prompt);
-    const int64_t before = reuse.read_stats().reused_steps;
+    const int64_t before = reuse.read_stats()->reused_steps;
     reuse.decode(5);
-    EXPECT_EQ(reuse.read_stats().reused_steps, before);
+    EXPECT_EQ(reuse.read_stats()->reused_steps, before);
 }
 
 // ---------------------------------------------------------------- engine plumbing
@@ -933,8 +933,8 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
         b.reset_read_stats();
         b.decode(5);
         const auto model = quest_step_bytes_model(c, q, len);
-        EXPECT_EQ(model.first, b.read_stats().bytes_per_step()) << q.policy_label() << " len " << len;
-        EXPECT_EQ(model.second, b.read_stats().metadata_bytes_per_step()) << q.policy_label() << " len " << len;
+        EXPECT_EQ(model.first, b.read_stats()->bytes_per_step()) << q.policy_label() << " len " << len;
+        EXPECT_EQ(model.second, b.read_stats()->metadata_bytes_per_step()) << q.policy_label() << " len " << len;
         ++checked;
         return model.second;
     };

@@ -18,6 +18,7 @@
 #include "model/core/config.h"
 #include "kernels/common/error.h"
 #include "model/io/make_model.h"
+#include "model/io/model_folder.h"
 #include "model/core/rope.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"
@@ -54,13 +55,15 @@ std::string small_config(const std::string& extra) {
 
 }  // namespace
 
-// fuzz_config (UBSan): num_attention_heads x head_dim overflowed int in ModelConfig::q_dim() (65536 x 65536).
+// fuzz_config (UBSan): num_attention_heads x head_dim overflowed int in ModelConfig::q_dim() (65536 x 65536). Both
+// are now bounded at parse time (1024 each), so the product stays far below 2^30.
 TEST(Regression, ConfigProjectionWidthOverflowIsRefused) {
     const std::string msg = config_error(
         R"({"hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1, "num_attention_heads": 65536,
             "num_key_value_heads": 1, "head_dim": 65536, "vocab_size": 16})");
-    EXPECT_THAT(msg, HasSubstr("config.json: field 'head_dim'"));
-    EXPECT_THAT(msg, HasSubstr("num_attention_heads x head_dim = 4294967296 exceeds 2^30"));
+    EXPECT_THAT(msg, HasSubstr("config.json: field 'num_attention_heads': expected an integer in 1..1024, got 65536"));
+    EXPECT_THAT(config_error(small_config(R"("head_dim": 65536)")),
+                HasSubstr("field 'head_dim': expected an integer in 1..1024, got 65536"));
 }
 
 // fuzz_config (finite-frequency invariant): rope_theta = 1 made yarn divide by log(theta) = 0, giving NaN frequencies
@@ -115,20 +118,37 @@ TEST(Regression, QuestSettingsIntegersMustFitAnInt) {
 }
 
 // Found writing fuzz_model_folder: a config claiming 2^30 layers over a 1-layer checkpoint made the CPU loader
-// allocate 2^30 layer records (over 200 GB) before the first layer tensor was looked up. The memory plan is now
-// checked first, from the config alone.
-TEST(Regression, AbsurdLayerCountIsRefusedBeforeAllocating) {
+// allocate 2^30 layer records (over 200 GB) before the first layer tensor was looked up; then the memory plan refused
+// it with a wrong hint (lower -c), and fuzz_config ran out of memory in llama_tensor_specs on 21,474,836 layers. Every
+// dimension is now bounded at parse time, and a config claiming more layers than the checkpoint holds is refused
+// naming the missing tensor and the file, before the memory plan.
+TEST(Regression, AbsurdLayerCountIsRefusedAtParseTime) {
     const auto dir = test::temp_dir("reg_layers");
     ModelConfig c = parse_model_config(small_config(""), "inline");
     write_random_llama(dir, c, {1, DType::F16});
-    c.num_layers = 1 << 30;
+    std::ofstream(dir / "config.json") << small_config(R"("num_hidden_layers": 214748364)");
+    try {
+        open_model_folder(dir);
+        FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+        EXPECT_THAT(e.what(), HasSubstr("config.json: field 'num_hidden_layers': expected an integer in 1..1024, got "
+                                        "214748364"));
+    }
+}
+
+TEST(Regression, MoreLayersInTheConfigThanInTheCheckpointNameTheMissingTensor) {
+    const auto dir = test::temp_dir("reg_layers_6_5");
+    ModelConfig c = parse_model_config(small_config(R"("num_hidden_layers": 5)"), "inline");
+    write_random_llama(dir, c, {1, DType::F16});
+    c.num_layers = 6;
     std::ofstream(dir / "config.json") << model_config_to_json(c);
     try {
-        make_cpu_backend(open_model_folder(dir), default_quest_settings(), 16);
-        FAIL() << "expected a ResourceError";
-    } catch (const ResourceError& e) {
-        EXPECT_THAT(e.what(), HasSubstr("not enough host memory for the CPU backend"));
-        EXPECT_THAT(e.what(), HasSubstr("weights "));
+        make_cpu_backend(open_model_folder(dir), default_quest_settings(), 16, /*memory_limit=*/1);  // plan: fails
+        FAIL() << "expected an InputError";
+    } catch (const InputError& e) {  // not the memory plan's ResourceError
+        EXPECT_THAT(e.what(), HasSubstr("model.safetensors: tensor 'model.layers.5.input_layernorm.weight' not found, "
+                                        "but "));
+        EXPECT_THAT(e.what(), HasSubstr("config.json says num_hidden_layers 6 (the checkpoint has 5)"));
     }
 }
 

@@ -73,6 +73,6 @@ TEST(SelectorSeam, CpuBackendRunsARegisteredSelector) {
     for (int l = q.dense_layers; l < m.config.num_layers; ++l)
         for (const auto& pages : sel[l]) EXPECT_EQ(pages, (std::vector<int>{P - 4, P - 3, P - 2, P - 1}));
     const double model = quest_step_bytes_model(m.config, q, len).first;
-    EXPECT_EQ(static_cast<double>(cpu.read_stats().quest_layer_bytes + cpu.read_stats().dense_layer_bytes), model);
+    EXPECT_EQ(static_cast<double>(cpu.read_stats()->quest_layer_bytes + cpu.read_stats()->dense_layer_bytes), model);
     (void)K;
 }

@@ -29,6 +29,12 @@ bool ModelConfig::is_eos(int token) const {
     return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
 }
 
+void check_context(const ModelConfig& c, int64_t positions, const std::string& what, const std::string& source) {
+    if (positions <= c.max_context()) return;
+    throw InputError(what + " exceeds the model's maximum context of " + std::to_string(c.max_context()) +
+                     " tokens (max_position_embeddings in " + source + ")");
+}
+
 namespace {
 
 // Reads typed fields of one JSON object and reports errors as "<source>: field '<prefix><name>': ...".
@@ -54,12 +60,15 @@ public:
         }
         fail(name, "expected an integer, got " + v.dump());
     }
-    int positive_int(const std::string& name) const {
+    // A dimension in 1..max (the sane range of a Llama model: a larger value is a typo or a hostile file, and
+    // would size allocations before the checkpoint is read).
+    int dimension(const std::string& name, int max) const {
         const long long v = integer(name);
-        if (v <= 0 || v > (1LL << 30)) fail(name, "expected a positive integer, got " + std::to_string(v));
+        if (v < 1 || v > max)
+            fail(name, "expected an integer in 1.." + std::to_string(max) + ", got " + std::to_string(v));
         return static_cast<int>(v);
     }
-    int positive_int_or(const std::string& name, int def) const { return has(name) ? positive_int(name) : def; }
+    int dimension_or(const std::string& name, int max, int def) const { return has(name) ? dimension(name, max) : def; }
 
     double number(const std::string& name) const {
         if (!has(name)) fail(name, "missing (expected a number)");
@@ -140,7 +149,7 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
         case RopeType::Yarn: {
             r.factor = factor_at_least_1();
             r.original_max_position_embeddings =
-                f.positive_int_or("original_max_position_embeddings", c.max_position_embeddings);
+                f.dimension_or("original_max_position_embeddings", kMaxPositions, c.max_position_embeddings);
             r.beta_fast = f.number_or("beta_fast", 32.0);
             r.beta_slow = f.number_or("beta_slow", 1.0);
             if (r.beta_fast == 0) r.beta_fast = 32.0;  // transformers: `get("beta_fast") or 32`
@@ -162,7 +171,7 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
             if (!(r.high_freq_factor > r.low_freq_factor))
                 f.fail("high_freq_factor", "expected high_freq_factor > low_freq_factor");
             r.original_max_position_embeddings =
-                f.positive_int_or("original_max_position_embeddings", c.max_position_embeddings);
+                f.dimension_or("original_max_position_embeddings", kMaxPositions, c.max_position_embeddings);
             break;
         }
     }
@@ -216,23 +225,26 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (f.boolean_or("mlp_bias", false)) f.fail("mlp_bias", "MLP biases are not supported");
 
     ModelConfig c;
-    c.hidden_size = f.positive_int("hidden_size");
-    c.intermediate_size = f.positive_int("intermediate_size");
-    c.num_layers = f.positive_int("num_hidden_layers");
-    c.num_heads = f.positive_int("num_attention_heads");
-    c.num_kv_heads = f.positive_int_or("num_key_value_heads", c.num_heads);
-    c.vocab_size = f.positive_int("vocab_size");
-    c.max_position_embeddings = f.positive_int_or("max_position_embeddings", 2048);
+    c.hidden_size = f.dimension("hidden_size", kMaxHiddenSize);
+    c.intermediate_size = f.dimension("intermediate_size", kMaxIntermediateSize);
+    c.num_layers = f.dimension("num_hidden_layers", kMaxLayers);
+    c.num_heads = f.dimension("num_attention_heads", kMaxHeads);
+    c.num_kv_heads = f.dimension_or("num_key_value_heads", kMaxHeads, c.num_heads);
+    c.vocab_size = f.dimension("vocab_size", kMaxVocabSize);
+    c.max_position_embeddings = f.dimension_or("max_position_embeddings", kMaxPositions, 2048);
     if (c.num_heads % c.num_kv_heads != 0)
         f.fail("num_key_value_heads", "num_attention_heads (" + std::to_string(c.num_heads) +
                                           ") must be a multiple of num_key_value_heads (" +
                                           std::to_string(c.num_kv_heads) + ")");
     if (f.has("head_dim")) {
-        c.head_dim = f.positive_int("head_dim");
+        c.head_dim = f.dimension("head_dim", kMaxHeadDim);
     } else {
         if (c.hidden_size % c.num_heads != 0)
             f.fail("hidden_size", "must be a multiple of num_attention_heads when head_dim is absent");
         c.head_dim = c.hidden_size / c.num_heads;
+        if (c.head_dim > kMaxHeadDim)
+            f.fail("hidden_size", "hidden_size / num_attention_heads = " + std::to_string(c.head_dim) +
+                                      " exceeds the head_dim limit of " + std::to_string(kMaxHeadDim));
     }
     if (c.head_dim % 2 != 0) f.fail("head_dim", "must be even for rotary embeddings, got " + std::to_string(c.head_dim));
     // q_dim() and kv_dim() are ints: the projection widths must fit (2^30, like every single dimension).

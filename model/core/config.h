@@ -2,6 +2,7 @@
 // The model hyper-parameters read from a Hugging Face config.json (LlamaForCausalLM), with the RoPE scaling
 // parameters in either spelling: Llama-2-era `rope_theta` + `rope_scaling {type|rope_type, factor, ...}` or
 // transformers-5 `rope_parameters {rope_type, rope_theta, ...}`.
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -31,6 +32,16 @@ struct RopeScaling {
     double high_freq_factor = 4.0;
 };
 
+// The sane range of each config.json dimension, checked at parse time (the largest public Llama-family models are
+// far inside: 126 layers, hidden 16384, 128 heads, vocabulary 256K, intermediate 53248, head_dim 128, 1M positions).
+inline constexpr int kMaxLayers = 1024;
+inline constexpr int kMaxHiddenSize = 65536;
+inline constexpr int kMaxHeads = 1024;
+inline constexpr int kMaxVocabSize = 4 << 20;
+inline constexpr int kMaxIntermediateSize = 1 << 20;
+inline constexpr int kMaxHeadDim = 1024;
+inline constexpr int kMaxPositions = 16 << 20;
+
 struct ModelConfig {
     int hidden_size = 0;           // d_model
     int intermediate_size = 0;     // MLP width
@@ -55,6 +66,13 @@ struct ModelConfig {
     // Longest context the model supports without extrapolating its position encoding.
     int max_context() const { return max_position_embeddings; }
 };
+
+// The context rule of every subcommand that runs a model: `positions` (what the KV cache must hold) must not exceed
+// max_context(); beyond it RoPE extrapolates and the output is noise. Throws InputError "<what> exceeds the model's
+// maximum context of M tokens (max_position_embeddings in <source>)". `what` names the flag and the number, e.g.
+// "-c 100000" or "--contexts 9000 (+ 8 answer tokens)".
+void check_context(const ModelConfig& c, int64_t positions, const std::string& what,
+                   const std::string& source = "config.json");
 
 // Parses config.json text. `source` names the file in error messages. Throws InputError naming the field.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);

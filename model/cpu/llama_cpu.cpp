@@ -7,6 +7,8 @@
 #include "kernels/attention/attention.h"
 #include "kernels/common/basic_ops.h"
 #include "kernels/select/quest.h"
+#include "kernels/select/registry.h"
+#include "model/core/step_bytes.h"
 #include "kernels/common/error.h"
 #include "model/core/memory.h"
 #include "model/io/safetensors.h"
@@ -29,21 +31,40 @@ std::span<const float> CpuLlama::prefill(std::span<const int> tokens, std::vecto
     return logits_;
 }
 
-void CpuLlama::set_selection_diagnostics(bool on) {
+bool CpuLlama::set_selection_diagnostics(bool on) {
     diagnostics_ = on;
     const ModelConfig& c = w_->config;
     diag_ = SelectionDiagnostics{};
     diag_.selected_mass.assign(c.num_layers, std::vector<double>(c.num_heads, 0.0));
     diag_.oracle_mass = diag_.selected_mass;
     diag_.steps.assign(c.num_layers, 0);
+    return true;
 }
 
-void CpuLlama::copy_cache_from(const CpuLlama& other) {
+bool CpuLlama::copy_cache_from(const Backend& b) {
+    const auto* o = dynamic_cast<const CpuLlama*>(&b);  // the same kind of backend, or nothing to copy
+    if (!o) return false;
+    const CpuLlama& other = *o;
     if (other.pos_ > capacity()) throw ResourceError("copy_cache_from: the other cache holds more tokens than this one");
     cache_.copy_tokens_from(other.cache_, other.pos_);
     pos_ = other.pos_;
     reuse_.clear();
+    return true;
 }
+
+size_t CpuLlama::decode_bytes() const {
+    const ModelConfig& c = w_->config;
+    const size_t params = static_cast<size_t>(c.vocab_size) * c.hidden_size * (c.tie_word_embeddings ? 1 : 2) +
+                          static_cast<size_t>(c.num_layers) *
+                              (static_cast<size_t>(c.hidden_size) * (2 * c.q_dim() + 2 * c.kv_dim()) +
+                               3ull * c.hidden_size * c.intermediate_size);
+    double attention = reads_.bytes_per_step();
+    if (reads_.steps == 0 && (quest_.full_attention || page_selector_def(quest_.selector).step_reads))
+        attention = quest_step_bytes_model(c, quest_, pos_).first;
+    return params * 4 + static_cast<size_t>(attention);
+}
+
+size_t CpuLlama::host_memory_bytes() const { return plan_cpu_memory(w_->config, quest_, capacity()).total(); }
 
 bool CpuLlama::may_reuse(int l, const float* q, int pages) const {
     if (quest_.reuse_cos == 0 || l >= static_cast<int>(reuse_.size())) return false;
@@ -246,8 +267,9 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                           size_t memory_limit) {
-    check_cpu_memory(model.config, quest, capacity, memory_limit);
     const ModelFiles files(model.dir);
+    check_checkpoint_matches_config(files, model.config, model.dir / "config.json");  // before the memory plan
+    check_cpu_memory(model.config, quest, capacity, memory_limit);
     auto weights = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(files, model.config));
     return std::make_unique<CpuLlama>(std::move(weights), quest, capacity);
 }

@@ -17,33 +17,6 @@ enum class LinearSite { Qkv = 0, O = 1, GateUp = 2, Down = 3 };
 // Calibration (`quest quantize --awq-calib`): receives the fp32 input [tokens][cols] of each site in each layer.
 using ActivationObserver = std::function<void(int layer, LinearSite site, const float* x, int tokens, int cols)>;
 
-// Selection quality (eval --diagnostics): per layer and query head, the softmax mass of the true attention that lies in
-// the pages Quest selected, and in the pages an oracle would select at the same budget (the last page plus the K-1
-// complete pages holding the most mass), summed over the decode steps that selected (P > K).
-struct SelectionDiagnostics {
-    std::vector<std::vector<double>> selected_mass;  // [layer][head]
-    std::vector<std::vector<double>> oracle_mass;    // [layer][head]
-    std::vector<int> steps;                          // [layer] steps that contributed
-};
-
-// Bytes the attention of the decode steps read under the bytes model (kernels/select/quest.h selection_bytes: FP16 KV and
-// metadata), summed over decode steps since the last reset_read_stats().
-struct ReadStats {
-    int64_t steps = 0;              // decode steps
-    int64_t quest_layer_bytes = 0;  // Quest layers: metadata + KV (a dense step, P <= K, counts every token)
-    int64_t metadata_bytes = 0;     // the metadata part of quest_layer_bytes (an oracle's key pass included)
-    int64_t dense_layer_bytes = 0;  // the dense layers' KV
-    int64_t selecting_steps = 0;    // (layer, step) pairs that selected (P > K)
-    int64_t selecting_rows = 0;     // selection rows at those, summed
-    int64_t selected_tokens = 0;    // KV tokens read at those, summed over rows
-    int64_t reused_steps = 0;       // of the selecting (layer, step) pairs, those that kept the last selection (reuse_cos)
-    double bytes_per_step() const { return steps ? double(quest_layer_bytes + dense_layer_bytes) / steps : 0.0; }
-    double quest_bytes_per_step() const { return steps ? double(quest_layer_bytes) / steps : 0.0; }
-    double metadata_bytes_per_step() const { return steps ? double(metadata_bytes) / steps : 0.0; }
-    // Mean KV tokens a selection row read at a selecting step.
-    double tokens_per_row() const { return selecting_rows ? double(selected_tokens) / selecting_rows : 0.0; }
-};
-
 class CpuLlama final : public Backend {
 public:
     // capacity: tokens the KV cache holds. Settings are validated (InputError).
@@ -67,15 +40,20 @@ public:
     const std::vector<std::vector<std::vector<int>>>& last_selection() const { return selection_; }
     int last_selection_block_size(int layer) const { return selection_block_[layer]; }
     // The bytes-model counters of the decode steps (always on; cheap).
-    const ReadStats& read_stats() const { return reads_; }
-    void reset_read_stats() { reads_ = ReadStats{}; }
-    // Makes this backend's cache hold `other`'s tokens (same model; the metadata rebuilt for this backend's page
-    // sizes): several selectors then decode from one prefill (eval). The position becomes other's.
-    void copy_cache_from(const CpuLlama& other);
+    const ReadStats* read_stats() const override { return &reads_; }
+    void reset_read_stats() override { reads_ = ReadStats{}; }
+    // fp32 weights, and the attention: what the timed steps since reset_read_stats() read on average, else the
+    // bytes model at the current position (selectors that have one).
+    size_t decode_bytes() const override;
+    size_t host_memory_bytes() const override;
+    // Makes this backend's cache hold `other`'s tokens (another CPU backend of the same model; the metadata rebuilt
+    // for this backend's page sizes): several selectors then decode from one prefill (eval). The position becomes
+    // other's. False for any other backend.
+    bool copy_cache_from(const Backend& other) override;
     const KvCache& cache() const { return cache_; }
     // Selection diagnostics (costs a full attention pass per head and step): on/off, and the sums so far.
-    void set_selection_diagnostics(bool on);
-    const SelectionDiagnostics& selection_diagnostics() const { return diag_; }
+    bool set_selection_diagnostics(bool on) override;
+    const SelectionDiagnostics* selection_diagnostics() const override { return &diag_; }
     void set_activation_observer(ActivationObserver f) { observer_ = std::move(f); }
 
 private:

@@ -106,7 +106,7 @@ public:
     size_t buffer_bytes() const;
     std::string profile_report() const override;
     // Bytes one decode step must read at the current position (weights + KV or Quest's share + metadata).
-    size_t decode_bytes() const;
+    size_t decode_bytes() const override;
 
     // The device buffers of a layer (tests and tools read them back): its KV cache and fp16 page metadata, and its
     // int8 / int4 page codes (QuestSettings::metadata; kernels/select/page_codes.cuh), which only the Quest layers of the

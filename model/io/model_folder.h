@@ -18,4 +18,15 @@ ModelFolder open_model_folder(const std::filesystem::path& dir);
 // stays empty), else open_model_folder.
 ModelFolder open_model_or_config(const std::filesystem::path& path, bool random_weights);
 
+// Pairs a tokenizer with the model it feeds: more pieces than config.json's vocab_size is an InputError naming both
+// files (ids past the embedding table); fewer is allowed (padded vocabularies, e.g. 32000 pieces for 32064 rows)
+// and said once on stderr. `tokenizer_file` and `config_file` name the files in the messages.
+void check_tokenizer_vocab(int tokenizer_pieces, const ModelConfig& config, const std::filesystem::path& tokenizer_file,
+                           const std::filesystem::path& config_file);
+// The same for a model folder's tokenizer.model and config.json.
+template <class Tok>
+void check_tokenizer_vocab(const Tok& tok, const ModelFolder& model) {
+    check_tokenizer_vocab(tok.vocab_size(), model.config, model.tokenizer_file(), model.dir / "config.json");
+}
+
 }  // namespace quest

@@ -8,11 +8,13 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "kernels/common/basic_ops.h"
 #include "model/io/atomic_file.h"
 #include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
+#include "model/io/model_folder.h"
 #include "model/io/weights.h"
 #include "tokenizer/tokenizer.h"
 
@@ -516,6 +518,51 @@ std::string read_text(const std::filesystem::path& p) {
     return ss.str();
 }
 
+// -o before any work: a folder (new or existing) whose nearest existing ancestor is a writable folder.
+void check_output_folder(const std::filesystem::path& out) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status st = fs::status(out, ec);
+    if (fs::exists(st) && !fs::is_directory(st))
+        throw InputError("-o " + out.string() + ": exists and is not a folder (expected a new or existing output folder)");
+    fs::path probe = fs::exists(st) ? out : out.parent_path();
+    if (probe.empty()) probe = ".";
+    while (!fs::exists(probe, ec) && probe.has_parent_path() && probe.parent_path() != probe) probe = probe.parent_path();
+    if (!fs::is_directory(probe, ec))
+        throw InputError("-o " + out.string() + ": " + probe.string() + " is not a folder (expected a new or existing output folder)");
+    if (::access(probe.c_str(), W_OK | X_OK) != 0)
+        throw InputError("-o " + out.string() + ": " + probe.string() + " is not writable");
+}
+
+// A model whose every linear input dimension is below (or not a multiple of) the group would be "quantized" into an
+// FP16 copy: refused before any work, naming the largest group that quantizes something.
+void check_some_layer_quantizable(const ModelConfig& c, int group, const std::filesystem::path& config_file) {
+    const auto specs = llama_linear_specs(c, 0);  // every layer has the same shapes
+    std::vector<int64_t> dims;
+    for (const LinearSpec& s : specs)
+        if (int4_quantizable(static_cast<int>(s.cols), group)) return;
+        else if (std::find(dims.begin(), dims.end(), s.cols) == dims.end()) dims.push_back(s.cols);
+    std::string listed;
+    for (int64_t d : dims) listed += (listed.empty() ? "" : ", ") + std::to_string(d);
+    // The largest group that divides every input dimension, else the largest that divides one.
+    std::string hint = "no power of two >= 32 divides any of them: this model cannot be stored in 4 bits";
+    for (const bool all : {true, false}) {
+        for (int g = group / 2; g >= 32; g /= 2) {
+            int n = 0;
+            for (const LinearSpec& s : specs) n += int4_quantizable(static_cast<int>(s.cols), g);
+            if (n > 0 && (!all || n == static_cast<int>(specs.size()))) {
+                hint = "try --group " + std::to_string(g) + " (" + std::to_string(n) + " of the " +
+                       std::to_string(specs.size()) + " linear layers per block)";
+                break;
+            }
+        }
+        if (hint.rfind("try", 0) == 0) break;
+    }
+    throw InputError("--group " + std::to_string(group) + ": no linear layer of " + config_file.string() +
+                     " can be quantized (input dimensions " + listed + " are not multiples of " +
+                     std::to_string(group) + "); " + hint);
+}
+
 }  // namespace
 
 QuantizeSummary quantize_model(const std::filesystem::path& in, const std::filesystem::path& out,
@@ -528,6 +575,7 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
     std::error_code ec;
     if (std::filesystem::exists(out) && std::filesystem::equivalent(in, out, ec))
         throw InputError("-o: the output folder must differ from the input folder");
+    check_output_folder(out);
     const ModelConfig config = load_model_config(in / "config.json");
     const QuantizationInfo info = read_quantization_info(in);
     const ModelFiles files(in);
@@ -537,6 +585,7 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
                                                                                                : kInt4DefaultGroup;
     if (!int4_group_valid(group))
         throw InputError("--group: expected a power of two >= 32 (e.g. 32, 64, 128), got " + std::to_string(group));
+    check_some_layer_quantizable(config, group, in / "config.json");
 
     QuantizeSummary sum;
     sum.group = group;
@@ -549,6 +598,7 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
         if (!std::filesystem::exists(tok_file))
             throw InputError(tok_file.string() + ": missing (--awq-calib tokenizes the calibration text with it)");
         const Tokenizer tok(tok_file);
+        check_tokenizer_vocab(tok.vocab_size(), config, tok_file, in / "config.json");
         std::vector<int> ids = tok.encode(read_text(opts.calib_file), /*add_bos=*/true);
         const int limit = std::min(opts.calib_tokens, config.max_context());
         if (static_cast<int>(ids.size()) > limit) ids.resize(limit);

@@ -69,4 +69,22 @@ LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfi
     return w;
 }
 
+void check_checkpoint_matches_config(const ModelFiles& files, const ModelConfig& config,
+                                     const std::filesystem::path& config_file) {
+    using N = LlamaTensorNames;
+    const auto index = files.dir() / "model.safetensors.index.json";
+    const std::string weights_file =
+        (std::filesystem::exists(index) ? index : files.dir() / "model.safetensors").string();
+    auto missing = [&](const std::string& name, const std::string& why) {
+        throw InputError(weights_file + ": tensor '" + name + "' not found, but " + config_file.string() + " " + why);
+    };
+    if (!files.find(N::embed())) missing(N::embed(), "describes a Llama model (model.embed_tokens.weight)");
+    for (int l = 0; l < config.num_layers; ++l)
+        for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"})
+            if (!files.find(N::layer(l, norm)))
+                missing(N::layer(l, norm), "says num_hidden_layers " + std::to_string(config.num_layers) +
+                                               " (the checkpoint has " + std::to_string(l) + ")");
+    if (!files.find(N::final_norm())) missing(N::final_norm(), "describes a Llama model (model.norm.weight)");
+}
+
 }  // namespace quest

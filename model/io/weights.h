@@ -51,6 +51,13 @@ struct LlamaWeightsF32 {
 // naming the file and tensor.
 LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfig& config);
 
+// The checkpoint holds what the config describes, checked from the tensor names alone (every format keeps the norms
+// under their Hugging Face names): the embedding, each layer's two RMSNorm weights, the final norm. Run before any
+// memory plan, so that a config claiming more layers than the file has is refused as what it is. InputError naming
+// the missing tensor, the weights file and `config_file`.
+void check_checkpoint_matches_config(const ModelFiles& files, const ModelConfig& config,
+                                     const std::filesystem::path& config_file);
+
 // One tensor converted to fp32 with its shape checked.
 std::vector<float> load_tensor_f32(const ModelFiles& files, const std::string& name, std::span<const int64_t> shape);
 
