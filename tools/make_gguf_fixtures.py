@@ -18,6 +18,8 @@ of the C++ code under test. Files written:
                            every value is kept exactly), the config.json fields as llama.* metadata
   tiny_tied.gguf           a 1-layer Llama with tied embeddings and yarn rope scaling, random F32 weights
   tiny_tied_hf.safetensors the same weights in Hugging Face layout (names, unpermuted rows)
+  fuzz/corpus/gguf/seed-*  seeds of the fuzz_gguf target: the small files above, the tiny model with Q4_0 / Q4_1 /
+                           Q8_0 matrices, and truncated copies
 
 The permutation below restates what the converter does (read from llama.cpp's convert_hf_to_gguf.py,
 LlamaModel.permute): the rows of a projection with n heads, viewed as [n][2][head_dim / 2], have their last two
@@ -169,7 +171,8 @@ def gguf_name(hf: str) -> str:
     return f"blk.{parts[2]}." + LAYER_NAMES[".".join(parts[3:])]
 
 
-def write_llama(path: pathlib.Path, tensors: dict, cfg: dict) -> None:
+def write_llama(path: pathlib.Path, tensors: dict, cfg: dict, matrix_types: tuple = ()) -> None:
+    """A Llama GGUF as the converter writes it; matrix_types (cycled) quantizes the 2-D tensors (fuzz seeds)."""
     w = GGUFWriter(str(path), "llama")
     w.add_name(path.stem)
     llama_metadata(w, cfg, cfg["vocab_size"])
@@ -186,6 +189,10 @@ def write_llama(path: pathlib.Path, tensors: dict, cfg: dict) -> None:
             t = permute(t, n_kv)
         if t.ndim == 1:
             t = t.astype(np.float32)  # the converter keeps 1-D tensors (norms) in F32
+        if t.ndim == 2 and matrix_types:
+            qt = matrix_types[len(w.tensors[0]) % len(matrix_types)]
+            w.add_tensor(gguf_name(hf), quantize(t.astype(np.float32), qt), raw_dtype=qt)
+            continue
         w.add_tensor(gguf_name(hf), np.ascontiguousarray(t))
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -201,7 +208,7 @@ def write_llama_gqa4() -> None:
     write_llama(OUT / "llama_gqa4.gguf", tensors, cfg)
 
 
-def write_tiny_tied(rng: np.random.Generator) -> None:
+def write_tiny_tied(rng: np.random.Generator) -> dict:
     cfg = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
            "num_key_value_heads": 2, "head_dim": 8, "max_position_embeddings": 128, "rms_norm_eps": 1e-6,
            "rope_theta": 500000.0, "vocab_size": 48, "bos_token_id": 3, "eos_token_id": 7,
@@ -217,6 +224,20 @@ def write_tiny_tied(rng: np.random.Generator) -> None:
     tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
     save_file(tensors, str(OUT / "tiny_tied_hf.safetensors"))
     write_llama(OUT / "tiny_tied.gguf", tensors, cfg)
+    return {"tensors": tensors, "cfg": cfg}
+
+
+def write_fuzz_seeds(tiny: dict) -> None:
+    """Seeds of fuzz/fuzz_gguf.cpp: the small fixtures, a Q4_0/Q4_1/Q8_0 Llama, and truncated copies."""
+    seeds = ROOT / "fuzz" / "corpus" / "gguf"
+    seeds.mkdir(parents=True, exist_ok=True)
+    write_llama(seeds / "seed-llama-q4", tiny["tensors"], tiny["cfg"], (T.Q4_0, T.Q4_1, T.Q8_0))
+    types = (OUT / "types.gguf").read_bytes()
+    (seeds / "seed-types").write_bytes(types)
+    for name, cut in (("header", 20), ("kv", 200), ("infos", 900), ("data", len(types) - 100)):
+        (seeds / f"seed-types-cut-{name}").write_bytes(types[:cut])
+    q4 = (seeds / "seed-llama-q4").read_bytes()
+    (seeds / "seed-llama-q4-cut").write_bytes(q4[: len(q4) // 2])
 
 
 def main() -> None:
@@ -224,8 +245,9 @@ def main() -> None:
     rng = np.random.default_rng(20240601)
     write_types(rng)
     write_llama_gqa4()
-    write_tiny_tied(rng)
-    for p in sorted(OUT.rglob("*")):
+    tiny = write_tiny_tied(rng)
+    write_fuzz_seeds(tiny)
+    for p in sorted(list(OUT.rglob("*")) + list((ROOT / "fuzz" / "corpus" / "gguf").glob("*"))):
         if p.is_file():
             print(f"{p.relative_to(ROOT)}: {p.stat().st_size} bytes")
 
