@@ -18,6 +18,7 @@ namespace {
 
 constexpr uint32_t kDefaultAlignment = 32;
 constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS
+constexpr uint64_t kMaxReserve = 4096;  // most elements reserved ahead of parsing them
 
 // Indexed by type id; {nullptr, 0, 0} for ids ggml no longer knows. Block sizes and bytes as in ggml (and gguf-py's
 // GGML_QUANT_SIZES).
@@ -156,7 +157,7 @@ GgufValue read_value(Cursor& c, GgufType type, const std::string& at) {
                               : std::to_string(a.count * min_elem)) +
                          " bytes but only " + std::to_string(c.left()) + " are left in the file");
     if (a.type == GgufType::String) {
-        a.strings.reserve(size_t(a.count));
+        a.strings.reserve(size_t(std::min<uint64_t>(a.count, kMaxReserve)));
         for (uint64_t k = 0; k < a.count; ++k) a.strings.push_back(c.string(at + " array element " + std::to_string(k)));
     } else {
         const uint64_t n = a.count * min_elem;
@@ -277,7 +278,9 @@ void GgufFile::parse() {
         throw InputError(file + ": tensor count " + std::to_string(n_tensors) + " cannot fit in the " +
                          std::to_string(c.left()) + " bytes left in the file (each tensor info needs at least 24)");
 
-    kv_.reserve(size_t(n_kv));
+    // Entries are parsed one by one from real bytes; the up-front reservation is capped so that a large count
+    // (bounded by the file size, but each record is larger in memory than on disk) never reserves much.
+    kv_.reserve(size_t(std::min<uint64_t>(n_kv, kMaxReserve)));
     for (uint64_t k = 0; k < n_kv; ++k) {
         std::string key = c.string("metadata key " + std::to_string(k));
         if (key.empty()) throw InputError(file + ": metadata key " + std::to_string(k) + " is empty");
@@ -303,7 +306,7 @@ void GgufFile::parse() {
         alignment_ = kDefaultAlignment;
     }
 
-    tensors_.reserve(size_t(n_tensors));
+    tensors_.reserve(size_t(std::min<uint64_t>(n_tensors, kMaxReserve)));
     for (uint64_t k = 0; k < n_tensors; ++k) {
         GgufTensorInfo t;
         t.name = c.string("tensor info " + std::to_string(k) + " name");

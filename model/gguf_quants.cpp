@@ -1,6 +1,9 @@
 // The arithmetic below must not be contracted into fused multiply-adds: ggml's reference rounds d * q and the
-// following add separately. CMakeLists.txt also compiles this file with -ffp-contract=off (GCC ignores the pragma).
+// following add separately. CMakeLists.txt compiles this file with -ffp-contract=off; the pragma says the same to
+// clang (GCC does not know it).
+#ifdef __clang__
 #pragma STDC FP_CONTRACT OFF
+#endif
 
 #include "model/gguf_quants.h"
 

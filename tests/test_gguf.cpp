@@ -618,6 +618,28 @@ TEST(GgufLlama, TiedEmbeddingsAndYarn) {
     EXPECT_EQ(&w.output_matrix(), &w.embed);
 }
 
+// The fuzz seed seed-llama-q4 (tools/make_gguf_fixtures.py) is the tiny Llama with Q4_0 / Q4_1 / Q8_0 matrices: its
+// Q4_0 projections convert to int4 exactly, rows un-permuted like the fp32 load.
+TEST(GgufLlama, Q4_0LinearToInt4MatchesTheFp32Load) {
+    const auto f = GgufFile::open(test::source_dir() / "fuzz" / "corpus" / "gguf" / "seed-llama-q4");
+    const ModelConfig c = gguf_model_config(*f);
+    int q4_0 = 0, permuted = 0;
+    for (const TensorSpec& s : llama_tensor_specs(c)) {
+        if (s.shape.size() != 2) continue;
+        const GgufTensorInfo* t = f->find(*gguf_name_from_hf(s.name));
+        ASSERT_NE(t, nullptr) << s.name;
+        if (t->type != GgmlType::Q4_0 || s.name == LlamaTensorNames::embed()) continue;
+        SCOPED_TRACE(s.name);
+        const Int4FromGguf r = gguf_load_linear_int4(*f, c, s.name, int(s.shape[0]), int(s.shape[1]));
+        ASSERT_TRUE(r.matrix.has_value());
+        EXPECT_TRUE(same_bits(dequantize_int4(*r.matrix), gguf_load_tensor_f32(*f, c, s.name, s.shape)));
+        ++q4_0;
+        permuted += gguf_permuted_heads(s.name, c) > 0;
+    }
+    EXPECT_EQ(q4_0, 3);      // q_proj, o_proj, up_proj
+    EXPECT_EQ(permuted, 1);  // q_proj
+}
+
 TEST(GgufLlama, ConfigErrorsNameTheKey) {
     auto config_error = [](std::vector<std::string> kv) {
         Tiny t;
