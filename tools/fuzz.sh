@@ -27,7 +27,7 @@ while getopts "t:j:b:lh" opt; do
   esac
 done
 shift $((OPTIND - 1))
-all="safetensors model_index config quest_settings tokenizer model_folder"
+all="safetensors model_index config quest_settings tokenizer model_folder gguf"
 if [ "$list" = 1 ]; then echo "$all"; exit 0; fi
 targets=${*:-$all}
 for t in $targets; do
@@ -47,6 +47,7 @@ for t in $targets; do
   case $t in
     safetensors|model_index|model_folder) dict=fuzz/dicts/safetensors.dict ;;
     config|quest_settings) dict=fuzz/dicts/config.dict ;;
+    gguf) dict=fuzz/dicts/gguf.dict ;;
     *) dict="" ;;
   esac
   work="$build/fuzz-work/$t"

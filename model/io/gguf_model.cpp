@@ -1,0 +1,307 @@
+#include "model/io/gguf_model.h"
+
+#include <algorithm>
+#include <charconv>
+#include <cstdlib>
+#include <stdexcept>
+
+#include "kernels/common/error.h"
+
+namespace quest {
+
+namespace {
+
+// {GGUF suffix, HF suffix} of the per-layer tensors.
+constexpr std::pair<const char*, const char*> kLayerNames[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+constexpr std::pair<const char*, const char*> kGlobalNames[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+
+// "<prefix><N>.<rest>" -> N and rest, N a plain decimal layer number without leading zeros.
+bool split_layer(const std::string& name, const std::string& prefix, int& layer, std::string& rest) {
+    if (name.rfind(prefix, 0) != 0) return false;
+    const size_t dot = name.find('.', prefix.size());
+    if (dot == std::string::npos || dot == prefix.size() || dot - prefix.size() > 9) return false;
+    const std::string num = name.substr(prefix.size(), dot - prefix.size());
+    if (num.size() > 1 && num[0] == '0') return false;
+    for (char ch : num)
+        if (ch < '0' || ch > '9') return false;
+    layer = std::stoi(num);
+    rest = name.substr(dot + 1);
+    return true;
+}
+
+// The shortest decimal that rounds to the float32 v, as a double (1e-05f -> 1e-05).
+double float_as_decimal(float v) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    *r.ptr = '\0';
+    return std::strtod(buf, nullptr);
+}
+
+// Metadata of one architecture, read with the GGUF key in every message.
+class Meta {
+public:
+    Meta(const GgufFile& f, std::string arch) : f_(f), arch_(std::move(arch)) {}
+    std::string key(const char* suffix) const { return arch_ + "." + suffix; }
+
+    [[noreturn]] void fail(const std::string& key, const std::string& what) const {
+        throw InputError(f_.name() + ": key '" + key + "': " + what);
+    }
+    std::optional<int> positive(const std::string& k) const {
+        const auto v = f_.get_uint(k);
+        if (!v) return std::nullopt;
+        if (*v == 0 || *v > (uint64_t(1) << 30)) fail(k, "expected a positive integer <= 2^30, found " + std::to_string(*v));
+        return int(*v);
+    }
+    int required_positive(const std::string& k) const {
+        const auto v = positive(k);
+        if (!v) fail(k, "missing (expected a positive integer)");
+        return *v;
+    }
+    std::optional<double> number(const std::string& k) const {
+        const auto v = f_.get_float(k);
+        if (!v) return std::nullopt;
+        const GgufValue* raw = f_.find_value(k);
+        return raw->type == GgufType::Float32 ? float_as_decimal(float(*v)) : *v;
+    }
+
+private:
+    const GgufFile& f_;
+    std::string arch_;
+};
+
+}  // namespace
+
+std::optional<std::string> gguf_name_from_hf(const std::string& hf_name) {
+    for (const auto& [g, h] : kGlobalNames)
+        if (hf_name == h) return std::string(g);
+    int layer = 0;
+    std::string rest;
+    if (!split_layer(hf_name, "model.layers.", layer, rest)) return std::nullopt;
+    for (const auto& [g, h] : kLayerNames)
+        if (rest == h) return "blk." + std::to_string(layer) + "." + g;
+    return std::nullopt;
+}
+
+std::optional<std::string> hf_name_from_gguf(const std::string& gguf_name) {
+    for (const auto& [g, h] : kGlobalNames)
+        if (gguf_name == g) return std::string(h);
+    int layer = 0;
+    std::string rest;
+    if (!split_layer(gguf_name, "blk.", layer, rest)) return std::nullopt;
+    for (const auto& [g, h] : kLayerNames)
+        if (rest == g) return LlamaTensorNames::layer(layer, h);
+    return std::nullopt;
+}
+
+std::vector<int> gguf_unpermute_rows(int rows, int n_head) {
+    if (n_head <= 0 || rows < 0 || rows % (2 * n_head) != 0)
+        throw std::invalid_argument("gguf_unpermute_rows: " + std::to_string(rows) + " rows are not " +
+                                    std::to_string(n_head) + " heads of an even size");
+    const int hd = rows / n_head, half = hd / 2;
+    std::vector<int> order(size_t(rows), 0);
+    for (int h = 0; h < n_head; ++h)
+        for (int a = 0; a < 2; ++a)
+            for (int i = 0; i < half; ++i) order[size_t(h * hd + a * half + i)] = h * hd + 2 * i + a;
+    return order;
+}
+
+int gguf_permuted_heads(const std::string& hf_name, const ModelConfig& c) {
+    auto ends_with = [&](const char* s) {
+        const std::string suffix = s;
+        return hf_name.size() >= suffix.size() && hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (hf_name.rfind("model.layers.", 0) != 0) return 0;
+    if (ends_with(".self_attn.q_proj.weight")) return c.num_heads;
+    if (ends_with(".self_attn.k_proj.weight")) return c.num_kv_heads;
+    return 0;
+}
+
+ModelConfig gguf_model_config(const GgufFile& f) {
+    const auto arch = f.get_string("general.architecture");
+    if (!arch) throw InputError(f.name() + ": key 'general.architecture': missing (expected \"llama\")");
+    if (*arch != "llama" && *arch != "mistral")
+        throw InputError(f.name() + ": key 'general.architecture': unsupported architecture '" + *arch +
+                         "' (expected llama or mistral)");
+    const Meta m(f, *arch);
+    ModelConfig c;
+    c.hidden_size = m.required_positive(m.key("embedding_length"));
+    c.intermediate_size = m.required_positive(m.key("feed_forward_length"));
+    c.num_layers = m.required_positive(m.key("block_count"));
+    c.max_position_embeddings = m.required_positive(m.key("context_length"));
+    c.num_heads = m.required_positive(m.key("attention.head_count"));
+    c.num_kv_heads = m.positive(m.key("attention.head_count_kv")).value_or(c.num_heads);
+    if (const auto kl = m.positive(m.key("attention.key_length"))) {
+        c.head_dim = *kl;
+    } else {
+        if (c.hidden_size % c.num_heads != 0)
+            m.fail(m.key("embedding_length"), "must be a multiple of attention.head_count when attention.key_length "
+                                              "is absent");
+        c.head_dim = c.hidden_size / c.num_heads;
+    }
+    if (const auto vl = m.positive(m.key("attention.value_length")); vl && *vl != c.head_dim)
+        m.fail(m.key("attention.value_length"), std::to_string(*vl) + " differs from the key length " +
+                                                    std::to_string(c.head_dim) + " (expected equal lengths)");
+    if (const auto rd = m.positive(m.key("rope.dimension_count")); rd && *rd != c.head_dim)
+        m.fail(m.key("rope.dimension_count"), std::to_string(*rd) + " differs from the head dimension " +
+                                                  std::to_string(c.head_dim) +
+                                                  " (partial rotary embeddings are not supported)");
+    const auto eps = m.number(m.key("attention.layer_norm_rms_epsilon"));
+    if (!eps) m.fail(m.key("attention.layer_norm_rms_epsilon"), "missing (expected a float32)");
+    c.rms_norm_eps = *eps;
+    c.rope_theta = m.number(m.key("rope.freq_base")).value_or(10000.0);
+
+    // Vocabulary: the explicit size, else the token list, else the embedding's rows.
+    if (const auto v = m.positive(m.key("vocab_size"))) {
+        c.vocab_size = *v;
+    } else if (const GgufArray* tokens = f.get_array("tokenizer.ggml.tokens")) {
+        if (tokens->count == 0 || tokens->count > (uint64_t(1) << 30))
+            throw InputError(f.name() + ": key 'tokenizer.ggml.tokens': " + std::to_string(tokens->count) +
+                             " tokens (expected 1 .. 2^30)");
+        c.vocab_size = int(tokens->count);
+    } else if (const GgufTensorInfo* e = f.find("token_embd.weight"); e && e->ne.size() == 2 && e->ne[1] > 0 &&
+                                                                      e->ne[1] <= (int64_t(1) << 30)) {
+        c.vocab_size = int(e->ne[1]);
+    } else {
+        throw InputError(f.name() + ": no vocabulary size (expected " + m.key("vocab_size") +
+                         ", tokenizer.ggml.tokens or a 2-D token_embd.weight)");
+    }
+    c.tie_word_embeddings = f.find("output.weight") == nullptr;
+    if (const auto bos = f.get_uint("tokenizer.ggml.bos_token_id")) {
+        if (*bos >= uint64_t(c.vocab_size))
+            throw InputError(f.name() + ": key 'tokenizer.ggml.bos_token_id': id " + std::to_string(*bos) +
+                             " outside the vocabulary of " + std::to_string(c.vocab_size));
+        c.bos_token_id = int(*bos);
+    }
+    if (const auto eos = f.get_uint("tokenizer.ggml.eos_token_id")) {
+        if (*eos >= uint64_t(c.vocab_size))
+            throw InputError(f.name() + ": key 'tokenizer.ggml.eos_token_id': id " + std::to_string(*eos) +
+                             " outside the vocabulary of " + std::to_string(c.vocab_size));
+        c.eos_token_ids = {int(*eos)};
+    }
+    c.torch_dtype = DType::F32;  // the weights are dequantized to fp32 on load
+
+    if (f.find("rope_freqs.weight"))
+        throw InputError(f.name() + ": tensor 'rope_freqs.weight': rotary frequency factors (Llama 3 rope scaling) "
+                                    "are not supported");
+    const std::string type = f.get_string(m.key("rope.scaling.type")).value_or("none");
+    const std::string factor_key = m.key("rope.scaling.factor");
+    if (type == "linear" || type == "yarn") {
+        const auto factor = m.number(factor_key);
+        if (!factor) m.fail(factor_key, "missing (expected a float32 for " + type + " rope scaling)");
+        c.rope.factor = *factor;
+        if (type == "linear") {
+            c.rope.type = RopeType::Linear;
+        } else {
+            c.rope.type = RopeType::Yarn;
+            c.rope.original_max_position_embeddings =
+                m.positive(m.key("rope.scaling.original_context_length")).value_or(c.max_position_embeddings);
+            c.rope.beta_fast = m.number(m.key("rope.scaling.yarn_beta_fast")).value_or(32.0);
+            c.rope.beta_slow = m.number(m.key("rope.scaling.yarn_beta_slow")).value_or(1.0);
+        }
+    } else if (type != "none") {
+        m.fail(m.key("rope.scaling.type"), "unsupported rope scaling '" + type + "' (expected none, linear or yarn)");
+    }
+
+    // The checks of a config.json (head counts, head_dim parity, token ids, rope frequencies) apply unchanged.
+    return parse_model_config(model_config_to_json(c), f.name() + " (GGUF metadata as config.json fields)");
+}
+
+namespace {
+
+// The GGUF tensor of `hf_name` with its HF-order shape checked.
+const GgufTensorInfo& find_checked(const GgufFile& f, const std::string& hf_name,
+                                   std::span<const int64_t> expected_shape) {
+    const auto gname = gguf_name_from_hf(hf_name);
+    const GgufTensorInfo* t = gname ? f.find(*gname) : nullptr;
+    if (!t)
+        throw InputError(f.name() + ": tensor '" + hf_name + "' (GGUF '" + gname.value_or("?") + "') not found (" +
+                         std::to_string(f.tensors().size()) + " tensors)");
+    const std::vector<int64_t> shape = t->shape();
+    if (!std::equal(expected_shape.begin(), expected_shape.end(), shape.begin(), shape.end()))
+        throw InputError(f.name() + ": tensor '" + hf_name + "' (GGUF '" + *gname + "'): shape mismatch: Expected " +
+                         shape_to_string(expected_shape) + ", Actual " + shape_to_string(shape));
+    return *t;
+}
+
+}  // namespace
+
+std::vector<float> gguf_load_tensor_f32(const GgufFile& f, const ModelConfig& c, const std::string& hf_name,
+                                        std::span<const int64_t> expected_shape) {
+    const GgufTensorInfo& t = find_checked(f, hf_name, expected_shape);
+    std::vector<float> out = dequantize_tensor(f, t);
+    const int heads = gguf_permuted_heads(hf_name, c);
+    if (heads > 0) {
+        const int64_t rows = t.rows(), cols = t.cols();
+        if (rows % (2 * heads) != 0 || rows > (int64_t(1) << 30))
+            throw InputError(f.name() + ": tensor '" + hf_name + "': " + std::to_string(rows) +
+                             " rows are not " + std::to_string(heads) + " heads of an even size");
+        const std::vector<int> order = gguf_unpermute_rows(int(rows), heads);
+        std::vector<float> hf(out.size());
+        for (int64_t r = 0; r < rows; ++r)
+            std::copy_n(out.begin() + order[size_t(r)] * cols, cols, hf.begin() + r * cols);
+        out = std::move(hf);
+    }
+    return out;
+}
+
+LlamaWeightsF32 load_llama_weights_f32_gguf(const GgufFile& f, const ModelConfig& c) {
+    using N = LlamaTensorNames;
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size, V = c.vocab_size;
+    auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+        return gguf_load_tensor_f32(f, c, name, std::span<const int64_t>(shape.begin(), shape.size()));
+    };
+    LlamaWeightsF32 w;
+    w.config = c;
+    w.embed = get(N::embed(), {V, h});
+    // One record per layer as it is read (a config claiming more layers than the file holds fails at the first
+    // missing tensor, before allocating for all of them).
+    for (int l = 0; l < c.num_layers; ++l) {
+        LayerWeightsF32& L = w.layers.emplace_back();
+        L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
+        L.wq = get(N::layer(l, "self_attn.q_proj.weight"), {q, h});
+        L.wk = get(N::layer(l, "self_attn.k_proj.weight"), {kv, h});
+        L.wv = get(N::layer(l, "self_attn.v_proj.weight"), {kv, h});
+        L.wo = get(N::layer(l, "self_attn.o_proj.weight"), {h, q});
+        L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
+        L.w_gate = get(N::layer(l, "mlp.gate_proj.weight"), {ff, h});
+        L.w_up = get(N::layer(l, "mlp.up_proj.weight"), {ff, h});
+        L.w_down = get(N::layer(l, "mlp.down_proj.weight"), {h, ff});
+    }
+    w.final_norm = get(N::final_norm(), {h});
+    if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});
+    return w;
+}
+
+Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, const std::string& hf_name, int rows,
+                                   int cols) {
+    const int64_t shape[2] = {rows, cols};
+    const GgufTensorInfo& t = find_checked(f, hf_name, shape);
+    if (t.type != GgmlType::Q4_0 && t.type != GgmlType::Q4_1)
+        throw InputError(f.name() + ": tensor '" + hf_name + "': type " + ggml_type_name(t.type) +
+                         " (expected Q4_0 or Q4_1 for an int4 conversion)");
+    const int heads = gguf_permuted_heads(hf_name, c);
+    std::vector<int> order;
+    if (heads > 0) {
+        if (rows % (2 * heads) != 0)
+            throw InputError(f.name() + ": tensor '" + hf_name + "': " + std::to_string(rows) + " rows are not " +
+                             std::to_string(heads) + " heads of an even size");
+        order = gguf_unpermute_rows(rows, heads);
+    }
+    return int4_from_gguf_q4(t.type, f.bytes(t).data(), rows, cols, order);
+}
+
+}  // namespace quest
