@@ -29,6 +29,7 @@
 #include "model/atomic_file.h"
 #include "model/error.h"
 #include "model/make_model.h"
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
@@ -57,7 +58,7 @@ struct ModelFlags {
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
-                                 "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)");
+                                 "Hugging Face Llama folder (config.json, safetensors, tokenizer.json or tokenizer.model)");
         if (model_required) m->required();
         app.add_option("--backend", backend, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}));
         app.add_option("-c,--context", context, "KV cache capacity in tokens (default: prompt + new tokens)");
@@ -170,7 +171,8 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, const std::
                  SamplerSettings ss, bool seed_given, const std::string& json_path) {
     const QuestSettings q = mf.quest_settings();
     const ModelFolder model = open_model_folder(mf.model_dir);
-    const Tokenizer tok(model.tokenizer_file());
+    const auto tok_owner = load_tokenizer(model.dir);
+    const Tokenizer& tok = *tok_owner;
     const std::string prompt = prompt_file.empty() ? prompt_in : read_file(prompt_file);
     const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     if (n < 0) throw InputError("-n must be >= 0, got " + std::to_string(n));
@@ -309,7 +311,8 @@ struct ChatFlags {
 
 int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
     const ModelFolder model = open_model_folder(mf.model_dir);
-    const Tokenizer tok(model.tokenizer_file());
+    const auto tok_owner = load_tokenizer(model.dir);
+    const Tokenizer& tok = *tok_owner;
     const int capacity = mf.context > 0 ? mf.context : model.config.max_context();
     if (capacity > model.config.max_context())
         throw InputError("-c " + std::to_string(capacity) + " exceeds the model's maximum context of " +
@@ -392,7 +395,7 @@ int cmd_make_model(const std::string& config_file, const std::string& out_dir, c
     else throw InputError("--dtype: expected f32, f16 or bf16, got '" + dtype_name + "'");
     write_random_llama(out_dir, c, opts);
     if (!tokenizer.empty()) {
-        const Tokenizer tok(tokenizer);  // validates the file
+        const SentencePieceTokenizer tok(tokenizer);  // validates the file
         if (tok.vocab_size() != c.vocab_size)
             throw InputError(tokenizer + ": vocabulary of " + std::to_string(tok.vocab_size()) +
                              " pieces, but " + config_file + " says vocab_size " + std::to_string(c.vocab_size));

@@ -127,7 +127,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
     cmd.run = [flags, passkey, jsonl]() -> int {
         const EvalFlags& f = *flags;
         const ModelFolder model = open_model_folder(f.model);
-        const Tokenizer tok(model.tokenizer_file());
+        const auto tok_owner = load_tokenizer(model.dir);
+    const Tokenizer& tok = *tok_owner;
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {
             PasskeyRequest r;

@@ -12,6 +12,7 @@
 #include <set>
 
 #include "engine/eval.h"
+#include "tokenizer/sentencepiece.h"
 #include "engine/kv_cache.h"
 #include "engine/quest_settings.h"
 #include "kernels/attention.h"
@@ -750,7 +751,7 @@ TEST(Policy, JsonlSetRunsEveryPolicyFromOnePrefill) {
             f << R"(], "question_ids": [7, 8, 9], "answer_ids": [5, 6]})" << "\n";
         }
     }
-    const Tokenizer tok(test::source_dir() / "models/demo/tokenizer.model");
+    const SentencePieceTokenizer tok(test::source_dir() / "models/demo/tokenizer.model");
     BackendMaker make = [w](const QuestSettings& q, int cap) -> std::unique_ptr<Backend> {
         return std::make_unique<CpuLlama>(w, q, cap);
     };
