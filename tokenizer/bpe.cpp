@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
+#include <new>
 #include <queue>
 #include <utility>
 
@@ -171,16 +172,26 @@ BpeRegex::BpeRegex(const std::string& pattern, const std::string& where) : patte
     code_ = std::move(code);
 }
 
+BpeRegex::Scratch::Scratch() : md(pcre2_match_data_create(1, nullptr)) {
+    if (!md) throw std::bad_alloc();
+}
+
+BpeRegex::Scratch::~Scratch() { pcre2_match_data_free(static_cast<pcre2_match_data*>(md)); }
+
 std::vector<std::pair<size_t, size_t>> BpeRegex::find_all(std::string_view text) const {
+    Scratch scratch;
+    return find_all(text, scratch);
+}
+
+std::vector<std::pair<size_t, size_t>> BpeRegex::find_all(std::string_view text, Scratch& scratch) const {
     std::vector<std::pair<size_t, size_t>> out;
-    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> md(
-        pcre2_match_data_create_from_pattern(code_->code, nullptr), &pcre2_match_data_free);
+    auto* md = static_cast<pcre2_match_data*>(scratch.md);  // one pair is enough: only the whole match is read
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t pos = 0;
     while (pos <= text.size()) {
-        const int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md.get(), nullptr);
+        const int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
         if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is one gap
-        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md.get());
+        const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         const size_t b = ov[0], e = ov[1];
         if (e > b) {
             out.emplace_back(b, e);
@@ -206,6 +217,9 @@ BpeTokenizer::BpeTokenizer(BpeData data) : d_(std::move(data)) {
     special_.assign(n, 0);
     byte_of_.assign(n, -1);
     byte_piece_.assign(256, -1);
+    model_ids_.reserve(n);
+    all_ids_.reserve(n);
+    merges_.reserve(d_.merges.size());
     for (size_t id = 0; id < n; ++id) {
         if (d_.vocab[id].empty()) continue;
         model_ids_.emplace(d_.vocab[id], static_cast<int>(id));
@@ -317,22 +331,23 @@ std::vector<std::string> BpeTokenizer::pre_tokenize(std::string_view text) const
     std::vector<std::string> pieces{std::string(text)}, next;
     if (text.empty()) pieces.clear();
     static const BpeRegex gpt2(kGpt2Pattern, "GPT-2 pattern");  // constant, compiled once
+    BpeRegex::Scratch scratch;
     for (const auto& step : d_.pre) {
         next.clear();
         for (const auto& p : pieces) {
             switch (step.kind) {
             case BpePreStep::Kind::Split:
-                split_pieces(p, step.regex ? step.regex->find_all(p) : find_literal(p, step.literal), step.behavior,
-                             step.invert, next);
+                split_pieces(p, step.regex ? step.regex->find_all(p, scratch) : find_literal(p, step.literal),
+                             step.behavior, step.invert, next);
                 break;
             case BpePreStep::Kind::Digits:
-                split_pieces(p, step.regex->find_all(p),
+                split_pieces(p, step.regex->find_all(p, scratch),
                              step.individual_digits ? SplitBehavior::Isolated : SplitBehavior::Contiguous, false, next);
                 break;
             case BpePreStep::Kind::ByteLevel: {
                 std::string s = step.add_prefix_space && !p.starts_with(' ') ? " " + p : p;
                 std::vector<std::string> parts;
-                if (step.use_regex) split_pieces(s, gpt2.find_all(s), SplitBehavior::Isolated, false, parts);
+                if (step.use_regex) split_pieces(s, gpt2.find_all(s, scratch), SplitBehavior::Isolated, false, parts);
                 else parts.push_back(std::move(s));
                 for (const auto& part : parts) next.push_back(bytes_to_chars(part));
                 break;
@@ -431,8 +446,25 @@ void BpeTokenizer::encode_word(std::string_view word, std::vector<int>& out) con
         if (sym.len > 0) out.push_back(sym.id);
 }
 
-void BpeTokenizer::encode_segment(std::string_view text, std::vector<int>& out) const {
-    for (const auto& word : pre_tokenize(text)) encode_word(word, out);
+void BpeTokenizer::encode_segment(std::string_view text, std::vector<int>& out, WordCache& cache) const {
+    constexpr size_t kMaxCachedWord = 64;      // bytes; longer pre-tokens are rare and merged afresh
+    constexpr size_t kMaxCacheEntries = 1 << 16;
+    std::vector<int> ids;
+    for (const auto& word : pre_tokenize(text)) {
+        if (word.size() > kMaxCachedWord) {
+            encode_word(word, out);
+            continue;
+        }
+        const auto it = cache.find(word);
+        if (it != cache.end()) {
+            out.insert(out.end(), it->second.begin(), it->second.end());
+            continue;
+        }
+        ids.clear();
+        encode_word(word, ids);
+        out.insert(out.end(), ids.begin(), ids.end());
+        if (cache.size() < kMaxCacheEntries) cache.emplace(word, ids);
+    }
 }
 
 namespace {
@@ -451,7 +483,13 @@ void split_added(std::string_view text, const std::vector<const BpeAddedToken*>&
         const BpeAddedToken* token;
     };
     std::vector<Match> matches;
+    bool first_byte[256] = {};  // bytes some token starts with: the other positions are skipped at once
+    for (const auto* t : tokens) first_byte[static_cast<uint8_t>(t->content[0])] = true;
     for (size_t i = 0; i < text.size();) {
+        if (!first_byte[static_cast<uint8_t>(text[i])]) {
+            ++i;
+            continue;
+        }
         const BpeAddedToken* best = nullptr;
         for (const auto* t : tokens)  // sorted longest first
             if (text.compare(i, t->content.size(), t->content) == 0) {
@@ -511,9 +549,10 @@ std::vector<int> BpeTokenizer::encode(std::string_view text, bool add_bos) const
         if (seg.id >= 0) segments.push_back(std::move(seg));
         else split_added(d_.nfc ? to_nfc(seg.text) : seg.text, normalized, segments);
     }
+    WordCache cache;  // per call: no state shared between threads
     for (const auto& seg : segments) {
         if (seg.id >= 0) ids.push_back(seg.id);
-        else encode_segment(seg.text, ids);
+        else encode_segment(seg.text, ids, cache);
     }
     ids.insert(ids.end(), d_.suffix_ids.begin(), d_.suffix_ids.end());
     return ids;

@@ -23,8 +23,17 @@ class BpeRegex {
 public:
     // Throws InputError naming `where` with PCRE2's message when the pattern does not compile.
     BpeRegex(const std::string& pattern, const std::string& where);
+    // Match state reused across find_all calls of one thread (any BpeRegex may use it).
+    struct Scratch {
+        Scratch();
+        ~Scratch();
+        Scratch(const Scratch&) = delete;
+        Scratch& operator=(const Scratch&) = delete;
+        void* md;  // pcre2_match_data
+    };
     // Byte ranges [begin, end) of the successive non-overlapping matches in `text` (valid UTF-8).
     std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const;
+    std::vector<std::pair<size_t, size_t>> find_all(std::string_view text, Scratch& scratch) const;
     const std::string& pattern() const { return pattern_; }
 
 private:
@@ -140,7 +149,10 @@ private:
 
     void check_id(int id) const;
     void encode_word(std::string_view word, std::vector<int>& out) const;  // BPE model over one pre-token
-    void encode_segment(std::string_view text, std::vector<int>& out) const;  // pre-tokenizer + BPE (normalized text)
+    // The ids of pre-tokens already merged in this encode() call (the same word recurs a lot in a long text).
+    using WordCache = std::unordered_map<std::string, std::vector<int>, StringHash, std::equal_to<>>;
+    // Pre-tokenizer + BPE over normalized text, through `cache`.
+    void encode_segment(std::string_view text, std::vector<int>& out, WordCache& cache) const;
     int model_id(std::string_view piece) const;                             // -1 when absent
 
     BpeData d_;
