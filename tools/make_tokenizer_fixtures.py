@@ -8,6 +8,8 @@ Writes into tests/fixtures/tokenizer/bpe/:
                       family shape (gpt2, llama3, qwen2, smollm2, bytefallback)
   <name>.ids          line i: the ids of corpus line i (encode with add_special_tokens=True), space-separated
   <name>.decode       line i: "=" when decode(ids, skip_special_tokens=True) equals corpus line i, else its JSON
+  split_cases.json    [kind, pattern, behavior, invert (individual_digits for Digits), text, pieces] of Split and
+                      Digits pre-tokenizers alone
   <name>.random       lines "id id id<TAB>JSON decode": random id sequences (split characters, lone bytes,
                       specials) and what decode makes of them (U+FFFD placement)
 It also writes fuzz/corpus/tokenizer_json/seed-<name>.json, the same shapes with 20 merges.
@@ -242,6 +244,24 @@ def smollm2_reference(path):
     return tok
 
 
+def split_cases():
+    """Split (String / Regex, every behavior, invert) and Digits on a few texts: what pre_tokenize_str gives."""
+    texts = ["a  b c ", " hello, world!  ", "x1y22z333", "--a--b", ""]
+    cases = []
+    for beh in ["removed", "isolated", "merged_with_previous", "merged_with_next", "contiguous"]:
+        for inv in [False, True]:
+            for pat, kind in [(" ", "String"), (r"\s+", "Regex"), (r"\d", "Regex"), ("-", "String")]:
+                p = pre_tokenizers.Split(Regex(pat) if kind == "Regex" else pat, behavior=beh, invert=inv)
+                for t in texts:
+                    cases.append([kind, pat, beh, inv, t, [s for s, _ in p.pre_tokenize_str(t)]])
+    for ind in [False, True]:
+        for t in texts:
+            cases.append(["Digits", "", "", ind, t, [s for s, _ in pre_tokenizers.Digits(individual_digits=ind)
+                                                     .pre_tokenize_str(t)]])
+    with open(os.path.join(OUT, "split_cases.json"), "w") as f:
+        json.dump(cases, f, separators=(",", ":"))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lines", type=int, default=2000)
@@ -262,6 +282,7 @@ def main():
             with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
                 json.dump(cfg, f, indent=1)
         write_expectations(name, tok, corpus, random.Random(name))
+    split_cases()
     # Seeds of fuzz/fuzz_tokenizer_json.cpp: the same shapes with a few merges (small files).
     seeds = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "tokenizer_json")
     os.makedirs(seeds, exist_ok=True)
