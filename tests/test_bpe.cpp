@@ -425,3 +425,36 @@ TEST(Bpe, FactoryPicksSentencePieceForTokenizerModel) {
 }
 
 }  // namespace
+
+namespace {
+
+// The engine end to end on a BPE folder: make-model copies a tokenizer.json (and its tokenizer_config.json), and
+// generate streams valid UTF-8 from it.
+TEST(BpeCli, GenerateWithATokenizerJsonFolder) {
+    const auto dir = quest::test::temp_dir("bpe_cli");
+    json cfg = json::parse(quest::test::slurp(quest::test::source_dir() / "configs/demo-random-model.json"));
+    const auto tok = quest::load_tokenizer(fixtures() / "llama3");
+    cfg["vocab_size"] = tok->vocab_size();
+    cfg["bos_token_id"] = tok->bos_id();
+    cfg["eos_token_id"] = tok->eos_id();
+    std::ofstream(dir / "config.json") << cfg.dump();
+    const auto model = dir / "model";
+    auto made = quest::test::run_quest("make-model --config '" + (dir / "config.json").string() + "' --out '" +
+                                           model.string() + "' --tokenizer '" +
+                                           (fixtures() / "llama3/tokenizer.json").string() + "' --seed 3",
+                                       "bpe_cli_make");
+    ASSERT_EQ(made.exit_code, 0) << made.err;
+    EXPECT_TRUE(std::filesystem::exists(model / "tokenizer.json"));
+    EXPECT_TRUE(std::filesystem::exists(model / "tokenizer_config.json"));
+    EXPECT_FALSE(std::filesystem::exists(model / "tokenizer.model"));
+    auto gen = quest::test::run_quest("generate -m '" + model.string() +
+                                          "' -p 'Hello, 世界! <|eot_id|> the' -n 16 --temp 0 --seed 1",
+                                      "bpe_cli_generate");
+    ASSERT_EQ(gen.exit_code, 0) << gen.err;
+    EXPECT_TRUE(is_valid_utf8(gen.out));
+    const size_t prompt_tokens = tok->encode("Hello, 世界! <|eot_id|> the", true).size();
+    EXPECT_NE(gen.err.find("prefill: " + std::to_string(prompt_tokens) + " tokens"), std::string::npos) << gen.err;
+    std::filesystem::remove_all(dir);
+}
+
+}  // namespace

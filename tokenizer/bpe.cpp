@@ -189,8 +189,17 @@ std::vector<std::pair<size_t, size_t>> BpeRegex::find_all(std::string_view text,
     const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t pos = 0;
     while (pos <= text.size()) {
-        const int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
-        if (rc < 0) break;  // PCRE2_ERROR_NOMATCH, or a resource limit: the rest is one gap
+        int rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, md, nullptr);
+        if (rc < 0 && rc != PCRE2_ERROR_NOMATCH)  // the JIT's stack ran out: the interpreter works on the heap
+            rc = pcre2_match(code_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, md, nullptr);
+        if (rc == PCRE2_ERROR_NOMATCH) break;  // the rest is one gap
+        if (rc < 0) {
+            PCRE2_UCHAR message[256];
+            pcre2_get_error_message(rc, message, sizeof message);
+            throw InputError("pre-tokenizer regex \"" + pattern_ + "\" failed on a text of " +
+                             std::to_string(text.size()) + " bytes (PCRE2: " + reinterpret_cast<const char*>(message) +
+                             ")");
+        }
         const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(md);
         const size_t b = ov[0], e = ov[1];
         if (e > b) {
