@@ -4,6 +4,7 @@
 // malformed files, and the GGUF-vocabulary constructor.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -144,8 +145,28 @@ TEST_P(BpeFamily, RandomIdSequencesDecodeAsHuggingFace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BpeFamily,
-                         ::testing::Values("gpt2", "llama3", "qwen2", "smollm2", "bytefallback"),
-                         [](const auto& info) { return info.param; });
+                         ::testing::Values("gpt2", "gpt2-prefix", "llama3", "qwen2", "smollm2", "bytefallback"),
+                         [](const auto& info) {
+                             std::string name = info.param;
+                             std::replace(name.begin(), name.end(), '-', '_');
+                             return name;
+                         });
+
+TEST(Bpe, NfcMatchesPythonUnicodedata) {
+    // Combining marks of several classes (reordering), Hangul jamo (algorithmic composition), singletons and
+    // composition exclusions, against Python's unicodedata.normalize("NFC").
+    int bad = 0, n = 0;
+    for (const auto& line : read_lines(fixtures() / "nfc_cases.jsonl")) {
+        const json c = json::parse(line);
+        const std::string in = c[0], want = c[1];
+        const std::string got = quest::to_nfc(in);
+        ++n;
+        if (got != want && ++bad <= 5)
+            ADD_FAILURE() << json(in).dump() << "\n  want " << json(want).dump() << "\n  got  " << json(got).dump();
+    }
+    EXPECT_GT(n, 500);
+    EXPECT_EQ(bad, 0);
+}
 
 TEST(Bpe, Llama3AddsBeginOfTextAndKnowsItsTurnEnds) {
     const auto tok = quest::load_tokenizer(fixtures() / "llama3");

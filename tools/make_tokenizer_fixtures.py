@@ -8,6 +8,7 @@ Writes into tests/fixtures/tokenizer/bpe/:
                       family shape (gpt2, llama3, qwen2, smollm2, bytefallback)
   <name>.ids          line i: the ids of corpus line i (encode with add_special_tokens=True), space-separated
   <name>.decode       line i: "=" when decode(ids, skip_special_tokens=True) equals corpus line i, else its JSON
+  nfc_cases.jsonl     [text, NFC of it] by Python's unicodedata (the source of tokenizer/nfc_tables.h)
   split_cases.json    [kind, pattern, behavior, invert (individual_digits for Digits), text, pieces] of Split and
                       Digits pre-tokenizers alone
   <name>.random       lines "id id id<TAB>JSON decode": random id sequences (split characters, lone bytes,
@@ -22,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import unicodedata
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
@@ -135,6 +137,10 @@ def build(corpus, merges=1500):
     for a in j["added_tokens"]:
         a["normalized"] = True
     out["gpt2"] = (j, None)
+    # The same with ByteLevel(add_prefix_space=True): every piece after added-token splitting gets a leading space.
+    j = json.loads(json.dumps(j))
+    j["pre_tokenizer"]["add_prefix_space"] = True
+    out["gpt2-prefix"] = (j, None)
 
     # Llama-3: Split with the Llama-3 regex, ByteLevel without regex, ignore_merges, BOS by TemplateProcessing.
     specials = ["<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"]
@@ -244,6 +250,21 @@ def smollm2_reference(path):
     return tok
 
 
+def nfc_cases(rng, n=1000):
+    """Random strings of starters, combining marks (several classes), Hangul jamo, precomposed letters,
+    singletons and composition exclusions, with Python's NFC of each."""
+    pool = ("a e o u A O s q n y \u00e5 \u00c5 \u00e9 \u00f6 \u1e63 \u0300 \u0301 \u0302 \u0303 \u0308 \u030a "
+            "\u0323 \u0327 \u0328 \u0345 \u05b0 \u0591 \u093c \u0915 \u0958 \u1100 \u1161 \u11a8 \u110b "
+            "\u1173 \u11af \uac00 \u212b \u2126 \u0344 \u0f73 \u0f71 \u0f72 \u3099 \u304b \u30cf \u309a "
+            "\u0e33 \u00a8 \U0001d15e \U0001d165 \u1d00 x").split()
+    lines = []
+    for _ in range(n):
+        s = "".join(rng.choice(pool) for _ in range(rng.randint(1, 10)))
+        lines.append(json.dumps([s, unicodedata.normalize("NFC", s)], ensure_ascii=False))
+    with open(os.path.join(OUT, "nfc_cases.jsonl"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 def split_cases():
     """Split (String / Regex, every behavior, invert) and Digits on a few texts: what pre_tokenize_str gives."""
     texts = ["a  b c ", " hello, world!  ", "x1y22z333", "--a--b", ""]
@@ -283,6 +304,7 @@ def main():
                 json.dump(cfg, f, indent=1)
         write_expectations(name, tok, corpus, random.Random(name))
     split_cases()
+    nfc_cases(random.Random(7))
     # Seeds of fuzz/fuzz_tokenizer_json.cpp: the same shapes with a few merges (small files).
     seeds = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fuzz", "corpus", "tokenizer_json")
     os.makedirs(seeds, exist_ok=True)
