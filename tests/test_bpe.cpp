@@ -72,7 +72,10 @@ std::vector<int> parse_ids(std::string_view s) {
 
 std::string ids_text(const std::vector<int>& ids) {
     std::string s;
-    for (int id : ids) s += (s.empty() ? "" : " ") + std::to_string(id);
+    for (int id : ids) {
+        if (!s.empty()) s += ' ';
+        s += std::to_string(id);
+    }
     return s;
 }
 
@@ -146,8 +149,8 @@ TEST_P(BpeFamily, RandomIdSequencesDecodeAsHuggingFace) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, BpeFamily,
                          ::testing::Values("gpt2", "gpt2-prefix", "llama3", "qwen2", "smollm2", "bytefallback"),
-                         [](const auto& info) {
-                             std::string name = info.param;
+                         [](const auto& p) {
+                             std::string name = p.param;
                              std::replace(name.begin(), name.end(), '-', '_');
                              return name;
                          });
