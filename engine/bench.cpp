@@ -77,9 +77,9 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
         std::ifstream in(r.text_file, std::ios::binary);
         if (!in) throw InputError(r.text_file + ": cannot open (--text)");
         const std::string text((std::istreambuf_iterator<char>(in)), {});
-        const Tokenizer tok(folder.tokenizer_file());
-        check_tokenizer_vocab(tok, folder);
-        text_ids = tok.encode(text, /*add_bos=*/false);
+        const auto tok = load_tokenizer(folder.dir);
+        check_tokenizer_vocab(*tok, folder);
+        text_ids = tok->encode(text, /*add_bos=*/false);
         if (text_ids.empty()) throw InputError(r.text_file + ": no tokens in the text (--text)");
     }
     const std::string stored = r.random_weights ? "fp16" : stored_weights_label(folder);

@@ -31,6 +31,8 @@
 #include "model/io/atomic_file.h"
 #include "kernels/common/error.h"
 #include "model/io/make_model.h"
+#include "tokenizer/bpe.h"
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
@@ -47,7 +49,7 @@ struct ModelFlags {
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
-                                 "Hugging Face Llama folder (config.json, safetensors, tokenizer.model)");
+                                 "Hugging Face Llama folder (config.json, safetensors, tokenizer.json/.model)");
         if (model_required) m->required();
         app.add_option("-c,--context", context, "KV cache capacity in tokens (default: prompt + new tokens)");
         add_settings_flags(app, settings);
@@ -124,7 +126,8 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt
     const std::string prompt = prompt_file.empty() ? prompt_in : read_prompt_file(prompt_file);
     const ModelFolder model = open_model_folder(mf.model_dir);
     mf.settings.check_model(model.config);
-    const Tokenizer tok(model.tokenizer_file());
+    const auto tok_owner = load_tokenizer(model.dir);
+    const Tokenizer& tok = *tok_owner;
     check_tokenizer_vocab(tok, model);
     const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
     const int max_ctx = model.config.max_context();
@@ -269,7 +272,8 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
     (void)Sampler(cf.sampling);  // --temp, --top-k, --top-p in range
     const ModelFolder model = open_model_folder(mf.model_dir);
     mf.settings.check_model(model.config);
-    const Tokenizer tok(model.tokenizer_file());
+    const auto tok_owner = load_tokenizer(model.dir);
+    const Tokenizer& tok = *tok_owner;
     check_tokenizer_vocab(tok, model);
     const int capacity = mf.capacity_flag() > 0 ? mf.capacity_flag() : model.config.max_context();
     check_context(model.config, capacity, "-c " + std::to_string(capacity));
@@ -363,11 +367,21 @@ int cmd_make_model(const std::string& config_file, const std::string& out_dir, c
     else throw InputError("--dtype: expected f32, f16 or bf16, got '" + dtype_name + "'");
     write_random_llama(out_dir, c, opts);
     if (!tokenizer.empty()) {
-        const Tokenizer tok(tokenizer);  // validates the file
-        if (tok.vocab_size() != c.vocab_size)
-            throw InputError(tokenizer + ": vocabulary of " + std::to_string(tok.vocab_size()) +
+        // A tokenizer.json (byte-level BPE, with the tokenizer_config.json beside it when there is one) or a
+        // SentencePiece tokenizer.model; loading validates the file.
+        const std::filesystem::path src(tokenizer);
+        const bool is_json = src.extension() == ".json";
+        const std::unique_ptr<Tokenizer> tok =
+            is_json ? std::unique_ptr<Tokenizer>(std::make_unique<BpeTokenizer>(BpeTokenizer::from_json_file(src)))
+                    : std::make_unique<SentencePieceTokenizer>(src);
+        if (tok->vocab_size() != c.vocab_size)
+            throw InputError(tokenizer + ": vocabulary of " + std::to_string(tok->vocab_size()) +
                              " pieces, but " + config_file + " says vocab_size " + std::to_string(c.vocab_size));
-        copy_file_atomic(tokenizer, std::filesystem::path(out_dir) / "tokenizer.model");
+        const std::filesystem::path out(out_dir);
+        copy_file_atomic(tokenizer, out / (is_json ? "tokenizer.json" : "tokenizer.model"));
+        const auto config_json = src.parent_path() / "tokenizer_config.json";
+        if (is_json && std::filesystem::exists(config_json))
+            copy_file_atomic(config_json, out / "tokenizer_config.json");
     }
     spdlog::info("wrote a random-weight model (seed {}, {}) to {}", seed, dtype_name, out_dir);
     return 0;
@@ -435,7 +449,7 @@ int run_cli(int argc, char** argv) {
     auto* mm = app.add_subcommand("make-model", "Write a deterministic random-weight Llama model (tests, demos)");
     mm->add_option("--config", mm_config, "config.json describing the model")->required();
     mm->add_option("-o,--out", mm_out, "output folder")->required();
-    mm->add_option("--tokenizer", mm_tokenizer, "tokenizer.model to copy into the folder");
+    mm->add_option("--tokenizer", mm_tokenizer, "tokenizer.model or tokenizer.json to copy into the folder");
     mm->add_option("--seed", mm_seed, "weight seed")->capture_default_str();
     mm->add_option("--dtype", mm_dtype, "f32, f16 or bf16")->capture_default_str();
 

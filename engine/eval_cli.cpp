@@ -121,7 +121,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
                 check_context(model.config, int64_t(ctx) + 8,
                               "--contexts " + std::to_string(ctx) + " (+ 8 answer tokens)",
                               (model.dir / "config.json").string());
-        const Tokenizer tok(model.tokenizer_file());
+        const auto tok_owner = load_tokenizer(model.dir);
+        const Tokenizer& tok = *tok_owner;
         check_tokenizer_vocab(tok, model);
         const BackendMaker make = maker(f, model);
         if (passkey->parsed()) {

@@ -7,6 +7,7 @@
 
 #include "fuzz/fuzz_util.h"
 #include "kernels/common/error.h"
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace quest;
@@ -15,7 +16,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto path = fuzz::scratch_dir("tokenizer") / "tokenizer.model";
     fuzz::write_bytes(path, std::string_view(reinterpret_cast<const char*>(data), size));
     try {
-        const Tokenizer tok(path);
+        const SentencePieceTokenizer tok(path);
         const int n = tok.vocab_size();
         std::vector<int> all;
         for (int id = 0; id < n && id < 4096; ++id) {

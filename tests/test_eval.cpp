@@ -9,6 +9,7 @@
 #include "model/io/make_model.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"
+#include "tokenizer/sentencepiece.h"
 #include "test_util.h"
 
 using namespace quest;
@@ -17,7 +18,7 @@ namespace {
 
 struct TinyModel {
     std::shared_ptr<LlamaWeightsF32> w;
-    Tokenizer tok;
+    SentencePieceTokenizer tok;
     BackendMaker make;
 };
 
@@ -32,13 +33,13 @@ TinyModel tiny_model(const std::string& name) {
     BackendMaker make = [w](const QuestSettings& q, int cap) -> std::unique_ptr<Backend> {
         return std::make_unique<CpuLlama>(w, q, cap);
     };
-    return {w, Tokenizer(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model"), make};
+    return {w, SentencePieceTokenizer(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model"), make};
 }
 
 }  // namespace
 
 TEST(Eval, PasskeyPromptHasTheKeyAtTheDepthAndTheLength) {
-    const Tokenizer tok(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model");
+    const SentencePieceTokenizer tok(test::source_dir() / "tests/fixtures/tokenizer/demo-512.model");
     for (double depth : {0.0, 0.5, 1.0}) {
         const PasskeyPrompt p = make_passkey_prompt(tok, 1000, depth, 48213);
         const int total = static_cast<int>(p.prefill.size() + p.question.size());

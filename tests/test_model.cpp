@@ -86,7 +86,8 @@ TEST(Stories260K, GreedyFromBosGivesTheLilyText) {
     const auto dir = test::shared_dir() / "models/stories260K";
     QUEST_REQUIRE_PATH(dir);
     const ModelFolder model = open_model_folder(dir);
-    const Tokenizer tok(model.tokenizer_file());
+    const auto tok_owner = load_tokenizer(model.dir);
+    const Tokenizer& tok = *tok_owner;
     for (bool full : {true, false}) {
         QuestSettings q = full ? full_attention() : QuestSettings{};
         if (!full) q.budget = 512;  // B >= context: Quest must give the same text

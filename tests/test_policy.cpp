@@ -23,6 +23,7 @@
 #include "model/io/make_model.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"
+#include "tokenizer/sentencepiece.h"
 #include "test_util.h"
 
 using namespace quest;
@@ -751,7 +752,7 @@ TEST(Policy, JsonlSetRunsEveryPolicyFromOnePrefill) {
             f << R"(], "question_ids": [7, 8, 9], "answer_ids": [5, 6]})" << "\n";
         }
     }
-    const Tokenizer tok(test::source_dir() / "models/demo/tokenizer.model");
+    const SentencePieceTokenizer tok(test::source_dir() / "models/demo/tokenizer.model");
     BackendMaker make = [w](const QuestSettings& q, int cap) -> std::unique_ptr<Backend> {
         return std::make_unique<CpuLlama>(w, q, cap);
     };

@@ -23,6 +23,7 @@
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"
 #include "test_util.h"
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 
 using namespace quest;
@@ -793,7 +794,7 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, Int4Quality,
 TEST(Int4Quality, Stories260KKlTop1AndPerplexity) {
     const auto dir = test::shared_dir() / "models/stories260K";
     QUEST_REQUIRE_PATH(dir);
-    const Tokenizer tok(dir / "tokenizer.model");
+    const SentencePieceTokenizer tok(dir / "tokenizer.model");
     std::ifstream in(test::source_dir() / "tools/data/demo_corpus.txt");
     const std::string corpus((std::istreambuf_iterator<char>(in)), {});
     const std::vector<int> ids = tok.encode(corpus, false);
@@ -848,7 +849,7 @@ TEST(Int4Quality, Stories260KKlTop1AndPerplexity) {
 // rounding.
 TEST(Int4Quality, AwqScalingPreservesTheFullPrecisionFunction) {
     const auto dir = small_model("awq_identity", 128);
-    const Tokenizer tok(dir / "tokenizer.model");
+    const SentencePieceTokenizer tok(dir / "tokenizer.model");
     const std::vector<int> tokens = tok.encode(kStoryText, true), calib = tok.encode(kCalibText, true);
     auto w = load_weights(dir);
     auto ws = std::make_shared<LlamaWeightsF32>(*w);

@@ -1,6 +1,7 @@
 // Tokenizer, StreamingDecoder and Llama-2 chat template. The expected ids were checked against the Python
 // sentencepiece package and against a transcription of Meta's reference chat_completion; Tokenizer::decode is
 // SentencePiece's own DecodeIds, so "== decode" below means "== what SentencePiece produces".
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 
 #include <fstream>
@@ -16,7 +17,7 @@ namespace {
 using quest::ChatMessage;
 using quest::InputError;
 using quest::StreamingDecoder;
-using quest::Tokenizer;
+using Tokenizer = quest::SentencePieceTokenizer;
 using Role = ChatMessage::Role;
 
 const std::string kFFFD = "\xef\xbf\xbd";

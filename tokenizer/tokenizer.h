@@ -1,95 +1,97 @@
 #pragma once
-// SentencePiece tokenizer (tokenizer.model of Llama-2-style checkpoints): encoding with BOS, decoding with
-// byte-fallback pieces, streaming detokenization that never emits half a UTF-8 character, and the Llama-2 chat
-// template ([INST], <<SYS>>) as Meta's reference code builds it.
+// The tokenizer seam of the engine: an interface with two implementations, SentencePiece (tokenizer.model of
+// Llama-2-style checkpoints, tokenizer/sentencepiece.h) and byte-level BPE (Hugging Face tokenizer.json of GPT-2,
+// SmolLM2, Qwen2 and Llama-3 checkpoints, or a GGUF vocabulary; tokenizer/bpe.h); the factory that picks one for a
+// model folder; streaming detokenization that never emits half a UTF-8 character; and the Llama-2 chat template
+// ([INST], <<SYS>>) as Meta's reference code builds it.
 #include <cstdint>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-namespace sentencepiece {
-class SentencePieceProcessor;
-}
-
 namespace quest {
+
+// Incremental detokenization state of one tokenizer kind (see StreamingDecoder).
+class TokenStream {
+public:
+    virtual ~TokenStream() = default;
+    virtual std::string push(int id) = 0;
+    virtual std::string flush() = 0;
+    virtual void reset() = 0;
+};
 
 class Tokenizer {
 public:
-    // Loads tokenizer.model. Throws InputError naming the file when it is missing or not a SentencePiece model.
-    explicit Tokenizer(const std::filesystem::path& model_file);
-    ~Tokenizer();
-    Tokenizer(Tokenizer&&) noexcept;
-    Tokenizer& operator=(Tokenizer&&) noexcept;
+    virtual ~Tokenizer() = default;
 
-    // Token ids of `text`, with BOS first when add_bos. An empty text gives [BOS] (or nothing without BOS).
-    // Bytes of `text` that are not valid UTF-8 are encoded as U+FFFD each (SentencePiece's normalizer does this).
-    std::vector<int> encode(std::string_view text, bool add_bos = true) const;
-    // Text of `ids` exactly as SentencePiece decodes it (control tokens vanish, byte pieces become bytes, the
-    // dummy-prefix space of the first piece is dropped, byte pieces that do not form valid UTF-8 become U+FFFD
-    // each). Throws InputError for an id outside [0, vocab_size()).
-    std::string decode(std::span<const int> ids) const;
+    // Token ids of `text`. add_bos: add what the tokenizer adds around a text (SentencePiece: BOS, an InputError
+    // when the model has none; BPE: what its post-processor adds, e.g. <|begin_of_text|> for Llama-3, nothing for
+    // Qwen2). Bytes of `text` that are not valid UTF-8 are encoded as U+FFFD (each byte for SentencePiece, each
+    // maximal invalid subpart for BPE, as Python's decode(errors="replace") would hand them to the tokenizer).
+    virtual std::vector<int> encode(std::string_view text, bool add_bos = true) const = 0;
+    // Text of `ids` as the reference library decodes it (SentencePiece's DecodeIds; Hugging Face's
+    // decode(ids, skip_special_tokens=True)): control / special tokens vanish, invalid UTF-8 becomes U+FFFD.
+    // Throws InputError for an id outside [0, vocab_size()).
+    virtual std::string decode(std::span<const int> ids) const = 0;
 
-    // The raw bytes one token contributes to a stream: U+2581 becomes ' ', <0xNN> becomes the byte NN, control
-    // tokens (BOS/EOS/...) give "", unknown gives the SentencePiece unknown surface. No space stripping.
-    // This and the accessors below throw InputError for an id outside [0, vocab_size()).
-    std::string token_bytes(int id) const;
-    std::string piece(int id) const;  // the piece as stored in the model ("▁the", "<0x0A>", "<s>")
+    // The raw bytes one token contributes to a stream ("" for control / special tokens). This and the accessors
+    // below throw InputError for an id outside [0, vocab_size()).
+    virtual std::string token_bytes(int id) const = 0;
+    virtual std::string piece(int id) const = 0;  // the piece as stored ("▁the", "Ġthe", "<0x0A>", "<s>")
 
-    int vocab_size() const;
-    int bos_id() const;
-    int eos_id() const;
-    bool is_control(int id) const;
-    bool is_byte(int id) const;
+    virtual int vocab_size() const = 0;
+    virtual int bos_id() const = 0;  // -1 when there is none
+    virtual int eos_id() const = 0;  // -1 when there is none
+    // Tokens that end an assistant turn: EOS and, where the vocabulary has them, <|eot_id|>, <|im_end|>, ...
+    virtual std::vector<int> end_of_turn_ids() const = 0;
+    virtual bool is_control(int id) const = 0;  // SentencePiece control piece; BPE special added token
+    virtual bool is_byte(int id) const = 0;     // a <0xNN> byte piece
+    // Id of a piece given verbatim (e.g. "<|im_start|>"), nullopt when the vocabulary has no such piece.
+    virtual std::optional<int> token_id(std::string_view piece) const = 0;
+    // The file the tokenizer was read from (named in error messages); for a GGUF vocabulary, its description.
+    virtual const std::filesystem::path& file() const = 0;
 
-private:
-    friend class StreamingDecoder;
-    enum class Kind : uint8_t { Normal, Control, Unknown, Byte };
+    // A fresh incremental decoder over this tokenizer (which must outlive it); StreamingDecoder wraps it.
+    virtual std::unique_ptr<TokenStream> make_stream() const = 0;
 
-    void check_id(int id) const;  // InputError unless 0 <= id < vocab_size()
-
-    std::filesystem::path file_;  // named in error messages
-    std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-    // Per-id tables built at load, so that streaming needs no SentencePiece call per token.
-    std::vector<Kind> kind_;
-    std::vector<std::string> bytes_;     // token_bytes() of each id
-    std::vector<uint8_t> leading_ws_;    // 1 when the piece starts with U+2581 (its bytes then start with ' ')
-    bool strip_first_ws_ = true;         // normalizer add_dummy_prefix || remove_extra_whitespaces
-    bool remove_extra_ws_ = true;        // normalizer remove_extra_whitespaces
+protected:
+    Tokenizer() = default;
+    Tokenizer(const Tokenizer&) = default;
+    Tokenizer(Tokenizer&&) noexcept = default;
+    Tokenizer& operator=(const Tokenizer&) = default;
+    Tokenizer& operator=(Tokenizer&&) noexcept = default;
 };
 
+// The tokenizer of a model folder: tokenizer.json (Hugging Face, byte-level BPE) when present, else
+// tokenizer.model (SentencePiece); InputError naming the folder and both files when it has neither.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_dir);
+// The file load_tokenizer reads in `model_dir`: tokenizer.json if it exists, else tokenizer.model (which may not
+// exist either).
+std::filesystem::path tokenizer_file_in(const std::filesystem::path& model_dir);
+
 // Turns a stream of token ids into text pieces. Bytes are held back until they form complete UTF-8 characters,
-// so every string returned by push() is valid UTF-8. The concatenation of all push() results and flush() equals
-// Tokenizer::decode() of the same ids, for invalid byte sequences too: it replays SentencePiece's decoder state
-// (which leading U+2581 is dropped, byte pieces grouped until the next non-byte token). A byte that can no longer
-// start or continue a valid character (a lone continuation byte, a lead byte followed by a non-continuation byte,
-// an overlong or surrogate prefix, a non-byte token arriving in the middle of a character) is emitted at once as
-// U+FFFD, one per bad byte, exactly where SentencePiece puts its U+FFFD. The one difference: models whose
-// tokenizer.model carries a denormalization rule (none of the Llama family does) get that rule applied by decode()
-// but not here. The Tokenizer must outlive the decoder.
+// so every string returned by push() is valid UTF-8, and the concatenation of all push() results and flush()
+// equals Tokenizer::decode() of the same ids, invalid byte sequences included (see each implementation for how it
+// replays its reference decoder). The Tokenizer must outlive the decoder.
 class StreamingDecoder {
 public:
     explicit StreamingDecoder(const Tokenizer& tok);
     // Text completed by token `id` (often "", e.g. for BOS or the first bytes of a character). Throws InputError
     // for an id outside [0, vocab_size()).
     std::string push(int id);
-    // Emits what is held back; bytes that do not form a valid character become U+FFFD each. The text goes on:
-    // later push() calls continue it (call reset() to start a new one).
+    // Emits what is held back; bytes that do not form a valid character become U+FFFD. The text goes on: later
+    // push() calls continue it (call reset() to start a new one).
     std::string flush();
-    // Starts a new text (the next piece's leading space is dropped again, as for the first piece of a decode).
-    // Held-back bytes are discarded; flush() first to get them.
+    // Starts a new text (for SentencePiece the next piece's leading space is dropped again, as for the first piece
+    // of a decode). Held-back bytes are discarded; flush() first to get them.
     void reset();
 
 private:
-    std::string drain();  // emits the complete and the known-bad characters at the front of pending_
-
-    const Tokenizer* tok_;
-    std::string pending_;       // bytes of an incomplete UTF-8 character (at most 3)
-    bool at_start_ = true;      // SentencePiece's is_bos_ws: the next text piece may lose its leading U+2581
-    bool bos_ws_seen_ = false;  // the last non-byte piece had its leading U+2581 dropped
-    bool emitted_ = false;      // some text has been returned since the start
+    std::unique_ptr<TokenStream> impl_;
 };
 
 struct ChatMessage {

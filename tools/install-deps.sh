@@ -1,7 +1,7 @@
 #!/bin/sh
 # Installs the Debian 12 packages quest builds with, when any is missing (apt-get; sudo when not root).
 set -eu
-PKGS="build-essential cmake ninja-build pkg-config libsentencepiece-dev nlohmann-json3-dev libspdlog-dev libcli11-dev libgtest-dev libgmock-dev clang libclang-rt-14-dev"
+PKGS="build-essential cmake ninja-build pkg-config libsentencepiece-dev nlohmann-json3-dev libspdlog-dev libcli11-dev libgtest-dev libpcre2-dev libgmock-dev clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -3,14 +3,16 @@
 #include <filesystem>
 
 #include "model/core/config.h"
+#include "tokenizer/tokenizer.h"
 
 namespace quest {
 
-// A model folder: config.json, safetensors weights, tokenizer.model.
+// A model folder: config.json, safetensors weights, tokenizer.json or tokenizer.model.
 struct ModelFolder {
     std::filesystem::path dir;
     ModelConfig config;
-    std::filesystem::path tokenizer_file() const { return dir / "tokenizer.model"; }
+    // The tokenizer file load_tokenizer(dir) reads: tokenizer.json when present, else tokenizer.model.
+    std::filesystem::path tokenizer_file() const { return tokenizer_file_in(dir); }
 };
 // Checks the folder exists and parses its config.json (InputError naming the path otherwise).
 ModelFolder open_model_folder(const std::filesystem::path& dir);

@@ -594,12 +594,13 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
     // With calibration, the whole model in fp32 (scales are folded across layers); otherwise tensor by tensor.
     std::unique_ptr<LlamaWeightsF32> full;
     if (!opts.calib_file.empty()) {
-        const auto tok_file = in / "tokenizer.model";
+        const auto tok_file = tokenizer_file_in(in);
         if (!std::filesystem::exists(tok_file))
-            throw InputError(tok_file.string() + ": missing (--awq-calib tokenizes the calibration text with it)");
-        const Tokenizer tok(tok_file);
-        check_tokenizer_vocab(tok.vocab_size(), config, tok_file, in / "config.json");
-        std::vector<int> ids = tok.encode(read_text(opts.calib_file), /*add_bos=*/true);
+            throw InputError(tok_file.string() + ": missing (--awq-calib tokenizes the calibration text with it; "
+                             "expected tokenizer.json or tokenizer.model)");
+        const auto tok = load_tokenizer(in);
+        check_tokenizer_vocab(tok->vocab_size(), config, tok->file(), in / "config.json");
+        std::vector<int> ids = tok->encode(read_text(opts.calib_file), /*add_bos=*/true);
         const int limit = std::min(opts.calib_tokens, config.max_context());
         if (static_cast<int>(ids.size()) > limit) ids.resize(limit);
         if (ids.size() < 2) throw InputError(opts.calib_file.string() + ": the calibration text is empty");

@@ -17,6 +17,7 @@
 #include "model/cpu/llama_cpu.h"
 #include "model/io/safetensors.h"
 #include "model/io/weights.h"
+#include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest::test {
@@ -41,13 +42,13 @@ inline std::unique_ptr<Backend> cpu_fp16_weights(const ModelFolder& m, const Que
 // weights for the CPU backend. nullopt when the model is absent (the caller skips: GTEST_SKIP must be in the test).
 struct TrainedDemo {
     ModelFolder folder;
-    Tokenizer tok;
+    SentencePieceTokenizer tok;  // the demo folders hold tokenizer.model
     std::shared_ptr<LlamaWeightsF32> weights;
 };
 inline std::optional<TrainedDemo> trained_demo(const std::filesystem::path& dir) {
     if (!std::filesystem::exists(dir / "model.safetensors")) return std::nullopt;
     ModelFolder m = open_model_folder(dir.string());
-    Tokenizer tok(m.tokenizer_file());
+    SentencePieceTokenizer tok(m.dir / "tokenizer.model");
     auto w = fp16_rounded_weights(m);
     return TrainedDemo{std::move(m), std::move(tok), std::move(w)};
 }

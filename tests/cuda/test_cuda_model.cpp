@@ -91,7 +91,8 @@ TEST(CudaModel, Stories260KGreedyTextEqualsCpu) {
     const auto dir = test::shared_dir() / "models/stories260K";
     QUEST_REQUIRE_PATH(dir);
     const ModelFolder m = open_model_folder(dir);
-    const Tokenizer tok(m.tokenizer_file());
+    const auto tok_owner = load_tokenizer(m.dir);
+    const Tokenizer& tok = *tok_owner;
     auto text = [&](Backend& b) {
         Sampler greedy({0.0f, 0, 1.0f, 0});
         const auto r = generate(b, greedy, tok.encode(""), 200, [](int) { return true; });

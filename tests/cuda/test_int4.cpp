@@ -500,7 +500,8 @@ TEST(CudaInt4Model, Stories260KFollowsCpu) {
     qo.group = 32;
     EXPECT_EQ(quantize_model(src, dir, qo).kept_fp16.size(), 5u);
     const ModelFolder m = open_model_folder(dir);
-    const Tokenizer tok(m.tokenizer_file());
+    const auto tok_owner = load_tokenizer(m.dir);
+    const Tokenizer& tok = *tok_owner;
     for (bool quest : {false, true}) {
         QuestSettings q = quest ? QuestSettings{} : full();
         q.budget = 512;
