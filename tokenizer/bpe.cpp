@@ -68,20 +68,6 @@ bool is_rust_whitespace(int32_t cp) {
            cp == 0x3000;
 }
 
-bool parse_byte_piece(std::string_view piece, uint8_t& out) {
-    if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return false;
-    int value = 0;
-    for (char c : piece.substr(3, 2)) {
-        int digit = -1;
-        if (c >= '0' && c <= '9') digit = c - '0';
-        else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-        else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-        if (digit < 0) return false;
-        value = value * 16 + digit;
-    }
-    out = static_cast<uint8_t>(value);
-    return true;
-}
 
 // The pieces of `text` after splitting at `matches` with `behavior` (Hugging Face's NormalizedString::split).
 void split_pieces(std::string_view text, const std::vector<std::pair<size_t, size_t>>& matches, SplitBehavior behavior,
@@ -248,7 +234,7 @@ BpeTokenizer::BpeTokenizer(BpeData data) : d_(std::move(data)) {
     }
     for (size_t id = 0; id < n; ++id) {
         uint8_t b = 0;
-        if (parse_byte_piece(pieces_[id], b)) byte_of_[id] = b;
+        if (utf8::parse_byte_piece(pieces_[id], b)) byte_of_[id] = b;
     }
     for (const auto& t : d_.added) all_ids_.emplace(t.content, t.id);
     for (const auto& [piece, id] : model_ids_) all_ids_.emplace(piece, id);

@@ -89,21 +89,6 @@ bool read_normalizer_flags(std::string_view model_proto, bool& add_dummy_prefix,
     return true;
 }
 
-// The byte of a "<0xNN>" piece.
-bool parse_byte_piece(std::string_view piece, uint8_t& out) {
-    if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return false;
-    int value = 0;
-    for (char c : piece.substr(3, 2)) {
-        int digit = -1;
-        if (c >= '0' && c <= '9') digit = c - '0';
-        else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
-        else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
-        if (digit < 0) return false;
-        value = value * 16 + digit;
-    }
-    out = static_cast<uint8_t>(value);
-    return true;
-}
 
 std::string replace_all(std::string_view s, std::string_view from, std::string_view to) {
     std::string out;
@@ -162,7 +147,7 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::filesystem::path& mode
         } else if (sp_->IsByte(id)) {
             kind_[id] = Kind::Byte;
             uint8_t b = 0;
-            if (!parse_byte_piece(p, b))
+            if (!utf8::parse_byte_piece(p, b))
                 throw InputError(name + ": byte piece " + std::to_string(id) + " is \"" + p +
                                  "\", expected the form <0xNN>");
             bytes_[id] = std::string(1, static_cast<char>(b));

@@ -98,4 +98,20 @@ inline bool valid(std::string_view s) {
     return true;
 }
 
+// The byte of a byte-fallback piece "<0xNN>" (SentencePiece and BPE vocabularies); false for any other piece.
+inline bool parse_byte_piece(std::string_view piece, uint8_t& out) {
+    if (piece.size() != 6 || piece.substr(0, 3) != "<0x" || piece[5] != '>') return false;
+    int value = 0;
+    for (char c : piece.substr(3, 2)) {
+        int digit = -1;
+        if (c >= '0' && c <= '9') digit = c - '0';
+        else if (c >= 'A' && c <= 'F') digit = c - 'A' + 10;
+        else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+        if (digit < 0) return false;
+        value = value * 16 + digit;
+    }
+    out = static_cast<uint8_t>(value);
+    return true;
+}
+
 }  // namespace quest::utf8

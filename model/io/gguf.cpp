@@ -5,12 +5,9 @@
 #include <cstring>
 #include <limits>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include "kernels/common/error.h"
+#include "model/io/mapped_file.h"
 
 namespace quest {
 
@@ -48,7 +45,6 @@ size_t scalar_size(GgufType t) {
 
 bool known_value_type(uint32_t id) { return id <= uint32_t(GgufType::Float64); }
 
-std::string errno_text(int err) { return std::strerror(err); }
 
 // A bounds-checked little-endian cursor over the file's bytes. Every read names what it was reading when the file
 // ends too early, so that a truncated file says where.
@@ -207,35 +203,16 @@ std::string ggml_type_name(GgmlType t) {
 // ---------------------------------------------------------------------------------------------------------------------
 
 GgufFile::~GgufFile() {
-    if (map_) ::munmap(map_, map_size_);
+    unmap_file({map_, map_size_});
 }
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::filesystem::path& path) {
     const std::string file = path.string();
     std::unique_ptr<GgufFile> f(new GgufFile());
     f->name_ = file;
-    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw InputError(file + ": cannot open: " + errno_text(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-        const int err = errno;
-        ::close(fd);
-        throw InputError(file + ": cannot stat: " + errno_text(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ::close(fd);
-        throw InputError(file + ": not a regular file");
-    }
-    const auto size = uint64_t(st.st_size);
-    if (size == 0) {  // mmap of length 0 fails with EINVAL: report the real problem instead
-        ::close(fd);
-        throw InputError(file + ": file is empty (expected a GGUF file)");
-    }
-    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_err = errno;
-    ::close(fd);  // the mapping keeps the file referenced
-    if (map == MAP_FAILED)
-        throw InputError(file + ": cannot mmap " + std::to_string(size) + " bytes: " + errno_text(map_err));
+    const FileMap m = map_file(path, "a GGUF file");
+    void* map = m.data;
+    const uint64_t size = m.size;
     // From here on the destructor of `f` unmaps on every error path.
     f->map_ = map;
     f->map_size_ = size;

@@ -10,15 +10,12 @@
 #include <stdexcept>
 #include <utility>
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "model/io/atomic_file.h"
 #include "kernels/common/error.h"
+#include "model/io/mapped_file.h"
 
 namespace quest {
 
@@ -198,7 +195,7 @@ std::string shape_to_string(std::span<const int64_t> shape) {
 // ---------------------------------------------------------------------------------------------------------------------
 
 SafeTensorsFile::~SafeTensorsFile() {
-    if (map_) ::munmap(map_, map_size_);
+    unmap_file({map_, map_size_});
 }
 
 std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::filesystem::path& path) {
@@ -206,28 +203,9 @@ std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::filesystem::pa
     std::unique_ptr<SafeTensorsFile> f(new SafeTensorsFile());
     f->path_ = path;
 
-    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw InputError(file + ": cannot open: " + errno_text(errno));
-    struct stat st {};
-    if (::fstat(fd, &st) != 0) {
-        const int err = errno;
-        ::close(fd);
-        throw InputError(file + ": cannot stat: " + errno_text(err));
-    }
-    if (!S_ISREG(st.st_mode)) {
-        ::close(fd);
-        throw InputError(file + ": not a regular file");
-    }
-    const auto size = uint64_t(st.st_size);
-    if (size == 0) {  // mmap of length 0 fails with EINVAL: report the real problem instead
-        ::close(fd);
-        throw InputError(file + ": file is empty");
-    }
-    void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    const int map_err = errno;
-    ::close(fd);  // the mapping keeps the file referenced
-    if (map == MAP_FAILED) throw InputError(file + ": cannot mmap " + std::to_string(size) + " bytes: " +
-                                            errno_text(map_err));
+    const FileMap m = map_file(path, "");
+    void* map = m.data;
+    const uint64_t size = m.size;
     // From here on the destructor of `f` unmaps on every error path.
     f->map_ = map;
     f->map_size_ = size;
