@@ -223,7 +223,7 @@ for r in llama:
                                 r.get("model_size", 0))
 qs = {}  # (context, 'fp16' | 'int4', 'full' | 2048) -> p50 ms
 for r in quest:
-    qs[(r["context"], r["weights"], r["budget"])] = r["p50"]
+    qs[(r["context"], r["weights"].split("-")[0], r["budget"])] = r["p50"]  # "int4-g128" is the int4 class
 contexts = sorted({c for c, _ in lc} | {c for c, _, _ in qs})
 f = lambda v: "n/a" if v is None else f"{v:.2f}"
 def ratio(a, b):
