@@ -101,6 +101,30 @@ TEST(E2eGguf, BadModelPathsAreOneErrorLine) {
     }
 }
 
+// quantize reads a GGUF too: the weights dequantized, then written in 4 bits (the vocabulary is not written yet).
+TEST(E2eGguf, QuantizeTakesAGgufFile) {
+    const auto out = test::temp_dir("e2e_quantize") / "q";
+    const RunResult r = run_quest("quantize -m '" + gguf_fixture().string() + "' -o '" + out.string() + "' --group 32",
+                                  "e2e_quantize_run");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("tokenizer is not written"));
+    const ModelFolder q = open_model_folder(out);
+    const ModelFolder g = open_model_folder(gguf_fixture());
+    EXPECT_EQ(q.config.num_layers, g.config.num_layers);
+    auto a = make_cpu_backend(q, full_attention(), 8);
+    auto b = make_cpu_backend(g, full_attention(), 8);
+    const std::vector<int> prompt = {1, 4, 2};
+    const auto la = a->prefill(prompt);
+    const std::vector<float> qa(la.begin(), la.end());
+    const auto lb = b->prefill(prompt);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < qa.size(); ++i) {
+        num += double(qa[i] - lb[i]) * (qa[i] - lb[i]);
+        den += double(lb[i]) * lb[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.3);  // int4 of the same weights, not another model
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // Chat formats
 // ---------------------------------------------------------------------------------------------------------------------
