@@ -132,7 +132,13 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt
     const Tokenizer& tok = *tok_owner;
     check_tokenizer_vocab(tok, model);
     const std::vector<int> end_of_turn = tok.end_of_turn_ids();
-    const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
+    std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
+    if (ids.empty()) {  // an empty prompt with a tokenizer that adds nothing (byte-level BPE): BOS alone, if any
+        if (tok.bos_id() < 0)
+            throw InputError("-p: the prompt is empty and " + tok.file().string() +
+                             "'s tokenizer has no BOS to start from: give a prompt");
+        ids.push_back(tok.bos_id());
+    }
     const int max_ctx = model.config.max_context();
     const int ctx_flag = mf.capacity_flag();
     // In 64 bits: -n 2147483647 overflowed int here (UBSan).
