@@ -21,10 +21,10 @@ namespace {
 // round-to-nearest int4 model. A folder already in 4 bits is read as it is.
 bool int4_on_load(const ModelFolder& model, const BackendOptions& o) {
     return o.weights == BackendOptions::WeightFormat::Int4 &&
-           read_quantization_info(model.dir).method == QuantizationInfo::Method::None;
+           (model.is_gguf() || read_quantization_info(model.dir).method == QuantizationInfo::Method::None);
 }
 std::unique_ptr<Backend> make_cpu_backend_int4(const ModelFolder& model, const BackendOptions& o) {
-    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
+    auto w = std::make_shared<LlamaWeightsF32>(load_model_weights_f32(model));
     fake_quantize_llama_weights(*w, o.int4_group);
     return std::make_unique<CpuLlama>(std::move(w), o.quest, o.capacity);
 }
@@ -64,7 +64,7 @@ bool cuda_backend_built() {
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
     check_kind(o.kind);
     // Before any memory plan: a config claiming more layers than the checkpoint holds names the missing tensor.
-    check_checkpoint_matches_config(ModelFiles(model.dir), model.config, model.dir / "config.json");
+    check_model_tensors(model);
     if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
     if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity, o.memory_limit);
 #ifdef QUEST_HAVE_CUDA

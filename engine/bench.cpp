@@ -20,6 +20,7 @@ namespace {
 
 // The row label of a folder's own format: fp16, int4-g<G> (quest-int4) or awq-g<G>.
 std::string stored_weights_label(const ModelFolder& folder) {
+    if (folder.is_gguf()) return "fp16";  // dequantized on load (the CPU backend holds fp32)
     const QuantizationInfo q = read_quantization_info(folder.dir);
     if (q.method == QuantizationInfo::Method::QuestInt4) return "int4-g" + std::to_string(q.group);
     if (q.method == QuantizationInfo::Method::Awq) return "awq-g" + std::to_string(q.group);
@@ -73,11 +74,11 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
     const ModelConfig& config = folder.config;
     std::vector<int> text_ids;
     if (!r.text_file.empty()) {
-        if (r.random_weights) throw InputError("bench: --text needs a model folder with tokenizer.model, not --random-weights");
+        if (r.random_weights) throw InputError("bench: --text needs a model with a tokenizer (a folder or a .gguf file), not --random-weights");
         std::ifstream in(r.text_file, std::ios::binary);
         if (!in) throw InputError(r.text_file + ": cannot open (--text)");
         const std::string text((std::istreambuf_iterator<char>(in)), {});
-        const auto tok = load_tokenizer(folder.dir);
+        const auto tok = load_model_tokenizer(folder);
         check_tokenizer_vocab(*tok, folder);
         text_ids = tok->encode(text, /*add_bos=*/false);
         if (text_ids.empty()) throw InputError(r.text_file + ": no tokens in the text (--text)");
@@ -97,7 +98,7 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
             check_context(config, positions,
                           "--contexts " + std::to_string(ctx) + " (+ --warmup " + std::to_string(r.warmup) +
                               " + --steps " + std::to_string(r.steps) + " = " + std::to_string(positions) + ")",
-                          (folder.dir / "config.json").string());
+                          folder.config_file().string());
     }
     std::vector<BenchRow> rows;
     for (int ctx : r.contexts) {

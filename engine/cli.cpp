@@ -1,6 +1,7 @@
 #include "engine/cli.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <fstream>
@@ -49,7 +50,8 @@ struct ModelFlags {
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
-                                 "Hugging Face Llama folder (config.json, safetensors, tokenizer.json/.model)");
+                                 "model: a Hugging Face Llama folder (config.json, safetensors, tokenizer.json/.model) "
+                                 "or a .gguf file");
         if (model_required) m->required();
         app.add_option("-c,--context", context, "KV cache capacity in tokens (default: prompt + new tokens)");
         add_settings_flags(app, settings);
@@ -126,10 +128,17 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt
     const std::string prompt = prompt_file.empty() ? prompt_in : read_prompt_file(prompt_file);
     const ModelFolder model = open_model_folder(mf.model_dir);
     mf.settings.check_model(model.config);
-    const auto tok_owner = load_tokenizer(model.dir);
+    const auto tok_owner = load_model_tokenizer(model);
     const Tokenizer& tok = *tok_owner;
     check_tokenizer_vocab(tok, model);
-    const std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
+    const std::vector<int> end_of_turn = tok.end_of_turn_ids();
+    std::vector<int> ids = tok.encode(prompt, /*add_bos=*/true);
+    if (ids.empty()) {  // an empty prompt with a tokenizer that adds nothing (byte-level BPE): BOS alone, if any
+        if (tok.bos_id() < 0)
+            throw InputError("-p: the prompt is empty and " + tok.file().string() +
+                             "'s tokenizer has no BOS to start from: give a prompt");
+        ids.push_back(tok.bos_id());
+    }
     const int max_ctx = model.config.max_context();
     const int ctx_flag = mf.capacity_flag();
     // In 64 bits: -n 2147483647 overflowed int here (UBSan).
@@ -152,15 +161,21 @@ int cmd_generate(const ModelFlags& mf, const std::string& prompt_in, bool prompt
     std::string text;
     install_sigint();
     backend->set_interrupt([] { return g_interrupted.load(); });  // Ctrl-C also stops a long prefill
-    const GenerateResult r = generate(*backend, sampler, ids, n, [&](int token) {
-        if (g_interrupted.load()) return false;
-        if (model.config.is_eos(token)) return true;
-        const std::string piece = stream.push(token);
-        text += piece;
-        std::fwrite(piece.data(), 1, piece.size(), stdout);
-        std::fflush(stdout);
-        return true;
-    });
+    // Generation ends at EOS or an end-of-turn token of the tokenizer (<|im_end|>, <|eot_id|>, ...).
+    const GenerateResult r = generate(
+        *backend, sampler, ids, n,
+        [&](int token) {
+            if (g_interrupted.load()) return false;
+            if (model.config.is_eos(token) ||
+                std::find(end_of_turn.begin(), end_of_turn.end(), token) != end_of_turn.end())
+                return true;
+            const std::string piece = stream.push(token);
+            text += piece;
+            std::fwrite(piece.data(), 1, piece.size(), stdout);
+            std::fflush(stdout);
+            return true;
+        },
+        /*stop_at_eos=*/true, end_of_turn);
     const std::string rest = stream.flush();
     text += rest;
     std::fwrite(rest.data(), 1, rest.size(), stdout);
@@ -270,24 +285,35 @@ struct ChatFlags {
 int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
     mf.check();
     (void)Sampler(cf.sampling);  // --temp, --top-k, --top-p in range
+    const std::optional<ChatFormat> format_flag = parse_chat_format(cf.format);  // before the model is opened
     const ModelFolder model = open_model_folder(mf.model_dir);
     mf.settings.check_model(model.config);
-    const auto tok_owner = load_tokenizer(model.dir);
+    const auto tok_owner = load_model_tokenizer(model);
     const Tokenizer& tok = *tok_owner;
     check_tokenizer_vocab(tok, model);
     const int capacity = mf.capacity_flag() > 0 ? mf.capacity_flag() : model.config.max_context();
     check_context(model.config, capacity, "-c " + std::to_string(capacity));
-    ChatFormat format = detect_chat_format(model.dir);
-    if (cf.format == "llama2") format = ChatFormat::Llama2;
-    else if (cf.format == "plain") format = ChatFormat::Plain;
-    else if (cf.format != "auto") throw InputError("--format: expected auto, llama2 or plain, got '" + cf.format + "'");
+    // The model's chat template picks the format (ChatML, Llama-3, Llama-2; none: a base model, plain
+    // continuation); --format overrides it.
+    const std::string chat_template = model_chat_template(model);
+    bool unknown_template = false;
+    ChatFormat format = detect_chat_format(chat_template, &unknown_template);
+    if (format_flag) format = *format_flag;
+    else if (unknown_template)
+        std::fprintf(stderr, "note: %s: the chat template is none of ChatML, Llama-3 or Llama-2 (recognised by their "
+                             "tokens): plain continuation (--format chooses one)\n",
+                     (model.is_gguf() ? model.dir : model.dir / "tokenizer_config.json").string().c_str());
+    // A ChatML template's own system message when none is given (SmolLM2's "You are a helpful AI assistant ...").
+    const std::string system = !cf.system.empty() || format != ChatFormat::ChatML
+                                   ? cf.system
+                                   : chat_template_default_system(chat_template);
     if (!cf.seed_given) cf.sampling.seed = std::random_device{}();
     auto backend = create_backend(model, mf.backend_options(capacity));
     Sampler sampler(cf.sampling);
-    ChatSession chat(*backend, tok, sampler, format, cf.system);
+    ChatSession chat(*backend, tok, sampler, format, system);
     const bool tty = isatty(STDIN_FILENO);
     spdlog::info("chat with {} on {} ({} format, context {} tokens, {}); /help lists the commands, Ctrl-D to quit",
-                 mf.model_dir, backend->name(), format == ChatFormat::Llama2 ? "Llama-2 chat" : "plain continuation",
+                 mf.model_dir, backend->name(), chat_format_label(format),
                  backend->capacity(), backend->quest().describe());
     install_sigint();
     backend->set_interrupt([] { return g_interrupted.load(); });  // Ctrl-C also stops a long prefill
@@ -329,9 +355,9 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
             const GenerateResult& r = chat.last();
             const LatencyStats s = summarize_latency(r.decode_ms);
             std::fprintf(stderr, "last answer: prefill %d tokens in %.2f ms; %zu tokens, decode p50 %.3f ms/token, "
-                                 "p90 %.3f; context %d/%d\n",
+                                 "p90 %.3f; context %d/%d; stop %s\n",
                          r.prompt_tokens, r.prefill_ms, r.tokens.size(), s.p50, s.p90, backend->position(),
-                         backend->capacity());
+                         backend->capacity(), r.stop_reason.empty() ? "-" : r.stop_reason.c_str());
             continue;
         }
         if (line.empty()) continue;
@@ -353,6 +379,29 @@ int cmd_chat(const ModelFlags& mf, ChatFlags cf) {
             std::fprintf(stderr, "(interrupted: this message was not added to the conversation)\n");
         }
     }
+    return 0;
+}
+
+// Token ids of a text, as llama.cpp's llama-tokenize prints them: one "id -> 'piece'" per line (the piece as the text
+// it stands for; special tokens by their name), or with --ids one Python-style list.
+int cmd_tokenize(const std::string& model_path, const std::string& text, bool ids_only, bool no_bos) {
+    const ModelFolder model = open_model_folder(model_path);
+    const auto tok = load_model_tokenizer(model);
+    check_tokenizer_vocab(*tok, model);
+    const std::vector<int> ids = tok->encode(text, /*add_bos=*/!no_bos);
+    std::string out;
+    if (ids_only) {
+        out = "[";
+        for (size_t i = 0; i < ids.size(); ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+        out += "]\n";
+    } else {
+        char num[32];
+        for (int id : ids) {
+            std::snprintf(num, sizeof num, "%6d", id);
+            out += std::string(num) + " -> '" + (tok->is_control(id) ? tok->piece(id) : tok->token_bytes(id)) + "'\n";
+        }
+    }
+    std::fwrite(out.data(), 1, out.size(), stdout);
     return 0;
 }
 
@@ -517,12 +566,14 @@ int run_cli(int argc, char** argv) {
     // chat
     ModelFlags chat_flags;
     ChatFlags cf;
-    auto* chat = app.add_subcommand("chat", "Interactive chat (Llama-2 [INST] format for chat models, plain "
-                                            "continuation for base models); one prompt per line when piped");
+    auto* chat = app.add_subcommand("chat", "Interactive chat (the chat model's format: ChatML, Llama-3 or Llama-2; "
+                                            "plain continuation for base models); one prompt per line when piped");
     chat_flags.add(*chat);
     chat->add_option("-n,--max-tokens", cf.max_tokens, "longest answer in tokens")->capture_default_str();
     chat->add_option("--system", cf.system, "system prompt (chat models)");
-    chat->add_option("--format", cf.format, "auto, llama2 or plain")->capture_default_str();
+    chat->add_option("--format", cf.format,
+                     "auto (from the model's chat template), chatml, llama3, llama2 or plain")
+        ->capture_default_str();
     chat->add_option("--temp", cf.sampling.temperature, "sampling temperature (0: greedy)")->capture_default_str();
     chat->add_option("--top-k", cf.sampling.top_k, "top-k (0: off)")->capture_default_str();
     chat->add_option("--top-p", cf.sampling.top_p, "nucleus top-p (1: off)")->capture_default_str();
@@ -530,6 +581,15 @@ int run_cli(int argc, char** argv) {
 
     // eval
     EvalCommand eval = add_eval_command(app);
+
+    // tokenize
+    std::string tk_model, tk_prompt;
+    bool tk_ids = false, tk_no_bos = false;
+    auto* tk = app.add_subcommand("tokenize", "Print the token ids of a text (as llama-tokenize: id -> 'piece' per line)");
+    tk->add_option("-m,--model", tk_model, "a model folder or a .gguf file (only its tokenizer is read)")->required();
+    tk->add_option("-p,--prompt", tk_prompt, "the text")->required();
+    tk->add_flag("--ids", tk_ids, "print the ids only, as a Python list");
+    tk->add_flag("--no-bos", tk_no_bos, "add nothing around the text (default: what the tokenizer adds, e.g. BOS)");
 
     try {
         app.parse(argc, argv);
@@ -564,6 +624,7 @@ int run_cli(int argc, char** argv) {
             return cmd_chat(chat_flags, cf);
         }
         if (qz->parsed()) return cmd_quantize(qf);
+        if (tk->parsed()) return cmd_tokenize(tk_model, tk_prompt, tk_ids, tk_no_bos);
         if (mm->parsed()) return cmd_make_model(mm_config, mm_out, mm_tokenizer, mm_seed, mm_dtype);
     } catch (const InputError& e) {
         std::fprintf(stderr, "error: %s\n", e.what());

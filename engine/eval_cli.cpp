@@ -48,17 +48,17 @@ BackendMaker maker(const EvalFlags& f, const ModelFolder& model) {
     BackendOptions backend;
     f.settings.apply_backend(backend);
     if (backend.kind == "cpu") {
-        auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(model.dir), model.config));
+        auto w = std::make_shared<LlamaWeightsF32>(load_model_weights_f32(model));
         return [w, model](const QuestSettings& q, int capacity) -> std::unique_ptr<Backend> {
             check_context(model.config, capacity,
                           "eval: the prompts need " + std::to_string(capacity) + " positions, which",
-                          (model.dir / "config.json").string());
+                          model.config_file().string());
             return std::make_unique<CpuLlama>(w, q, capacity);
         };
     }
     return [model, backend](const QuestSettings& q, int capacity) {
         check_context(model.config, capacity, "eval: the prompts need " + std::to_string(capacity) + " positions, which",
-                      (model.dir / "config.json").string());
+                      model.config_file().string());
         BackendOptions o = backend;
         o.capacity = capacity;
         o.quest = q;
@@ -80,7 +80,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
     cmd.app = parent.add_subcommand("eval", "Quality of sparse attention through the decode path: passkey, ppl, jsonl");
     cmd.app->require_subcommand(1);
     auto common = [flags](CLI::App* a) {
-        a->add_option("-m,--model", flags->model, "Hugging Face Llama folder")->required();
+        a->add_option("-m,--model", flags->model, "Hugging Face Llama folder or .gguf file")->required();
         a->add_option("--budgets", flags->budgets, "comma-separated Quest budgets, 'full' for full attention")
             ->capture_default_str();
         add_settings_flags(*a, flags->settings, kEvalSkips);
@@ -120,8 +120,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
             for (int ctx : parse_int_list(f.contexts, "--contexts", false))
                 check_context(model.config, int64_t(ctx) + 8,
                               "--contexts " + std::to_string(ctx) + " (+ 8 answer tokens)",
-                              (model.dir / "config.json").string());
-        const auto tok_owner = load_tokenizer(model.dir);
+                              model.config_file().string());
+        const auto tok_owner = load_model_tokenizer(model);
         const Tokenizer& tok = *tok_owner;
         check_tokenizer_vocab(tok, model);
         const BackendMaker make = maker(f, model);

@@ -1,11 +1,14 @@
 #include "engine/generate.h"
 
+#include <algorithm>
+
 #include "kernels/common/error.h"
 
 namespace quest {
 
 GenerateResult generate(Backend& backend, Sampler& sampler, std::span<const int> prompt, int max_new_tokens,
-                        const std::function<bool(int token)>& on_token, bool stop_at_eos) {
+                        const std::function<bool(int token)>& on_token, bool stop_at_eos,
+                        std::span<const int> stop_tokens) {
     GenerateResult r;
     r.prompt_tokens = static_cast<int>(prompt.size());
     if (backend.position() + static_cast<int>(prompt.size()) > backend.capacity())
@@ -22,7 +25,8 @@ GenerateResult generate(Backend& backend, Sampler& sampler, std::span<const int>
             r.stop_reason = "stopped";
             break;
         }
-        if (stop_at_eos && backend.config().is_eos(token)) {
+        if (stop_at_eos && (backend.config().is_eos(token) ||
+                            std::find(stop_tokens.begin(), stop_tokens.end(), token) != stop_tokens.end())) {
             r.stop_reason = "eos";
             break;
         }

@@ -21,8 +21,10 @@ struct GenerateResult {
 };
 
 // Generates up to max_new_tokens after `prompt` (appended to what the backend's cache holds). on_token returns
-// false to stop early (Ctrl-C). Stops at EOS when stop_at_eos.
+// false to stop early (Ctrl-C). Stops at EOS (the config's) or one of `stop_tokens` (e.g. the tokenizer's
+// end_of_turn_ids()) when stop_at_eos; the stop token is passed to on_token and kept in `tokens`.
 GenerateResult generate(Backend& backend, Sampler& sampler, std::span<const int> prompt, int max_new_tokens,
-                        const std::function<bool(int token)>& on_token, bool stop_at_eos = true);
+                        const std::function<bool(int token)>& on_token, bool stop_at_eos = true,
+                        std::span<const int> stop_tokens = {});
 
 }  // namespace quest

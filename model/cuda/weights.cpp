@@ -18,6 +18,7 @@
 #include "kernels/select/registry_cuda.h"
 #include "model/core/step_bytes.h"
 #include "kernels/common/error.h"
+#include "model/io/gguf_model.h"
 #include "model/io/quantize.h"
 #include "model/core/rope.h"
 #include "model/io/safetensors.h"
@@ -64,12 +65,27 @@ LinearGroups folder_linear_groups(const ModelConfig& c, const LinearReader& read
     return g;
 }
 
+// The GGUF counterpart: every tensor arrives as fp32, so a fused matrix is int4 when asked (int4_group > 0) and the
+// group divides its input dimension, FP16 otherwise.
+LinearGroups gguf_linear_groups(const ModelConfig& c, int int4_group) {
+    LinearGroups g(c.num_layers, {0, 0, 0, 0});
+    if (int4_group <= 0) return g;
+    for (int l = 0; l < c.num_layers; ++l) {
+        const auto specs = llama_linear_specs(c, l);
+        for (int k = 0; k < 4; ++k)
+            if (int4_quantizable(static_cast<int>(specs[kFusedParts[k][0]].cols), int4_group)) g[l][k] = int4_group;
+    }
+    return g;
+}
+
 }  // namespace
 
 std::unique_ptr<CudaLlama> CudaLlama::from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts) {
     LinearGroups groups;
-    {
+    if (model.is_gguf()) {
+        groups = gguf_linear_groups(model.config, opts.int4_group);
+    } else {
         const ModelFiles files(model.dir);
         const LinearReader reader(files, read_quantization_info(model.dir));
         groups = folder_linear_groups(model.config, reader, opts.int4_group);
@@ -88,6 +104,7 @@ std::unique_ptr<CudaLlama> CudaLlama::random(const ModelConfig& config, const Qu
 }
 
 void CudaLlama::load_weights(const ModelFolder& model) {
+    if (model.is_gguf()) return load_weights_gguf(*model.gguf);
     using N = LlamaTensorNames;
     const ModelFiles files(model.dir);
     const LinearReader reader(files, read_quantization_info(model.dir));
@@ -206,6 +223,91 @@ void CudaLlama::load_weights(const ModelFolder& model) {
         spdlog::info("int4 weights: {} of {} linear matrices ({} quantized on load, round-to-nearest)", int4_count,
                      7 * c_.num_layers, quantized_on_load);
     // cudaMemcpy from pageable memory may return before its DMA lands; stream_ is non-blocking: settle everything.
+    CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+void CudaLlama::load_weights_gguf(const GgufFile& f) {
+    using N = LlamaTensorNames;
+    const int64_t H = c_.hidden_size, V = c_.vocab_size;
+    size_t clamped_total = 0;
+    // Tensor `name` dequantized on the host (rows un-permuted for q_proj / k_proj: gguf_load_tensor_f32), checked
+    // against `shape`.
+    auto host = [&](const std::string& name, std::initializer_list<int64_t> shape) {
+        return gguf_load_tensor_f32(f, c_, name, std::span<const int64_t>(shape.begin(), shape.size()));
+    };
+    // A 1-D norm weight in fp32.
+    auto upload32 = [&](const std::string& name, float* dst) {
+        const std::vector<float> w = host(name, {H});
+        CUDA_CHECK(cudaMemcpy(dst, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+    };
+    // A matrix [rows][cols] in FP16, its row j at device row first + j * stride of dst (clamped to +-65504, as the
+    // safetensors path does on the device).
+    auto upload16 = [&](const std::string& name, const std::vector<float>& w, int64_t cols, __half* dst,
+                        int64_t first, size_t stride) {
+        std::vector<uint16_t> h(w.size());
+        size_t clamped = 0;
+        for (size_t j = 0; j < w.size(); ++j) {
+            const float v = w[j];
+            if (!(std::fabs(v) <= 65504.0f)) ++clamped;
+            h[j] = float_to_half(std::isnan(v) ? 0.0f : std::clamp(v, -65504.0f, 65504.0f));
+        }
+        const size_t row_bytes = static_cast<size_t>(cols) * 2;
+        CUDA_CHECK(cudaMemcpy2D(reinterpret_cast<char*>(dst) + first * row_bytes, stride * row_bytes, h.data(),
+                                row_bytes, row_bytes, w.size() / static_cast<size_t>(cols), cudaMemcpyHostToDevice));
+        if (clamped) {
+            spdlog::warn("{}: tensor '{}': {} values outside the FP16 range (|x| > 65504) or NaN; clamped to +-65504",
+                         f.name(), name, clamped);
+            clamped_total += clamped;
+        }
+    };
+    // Fused matrix k of layer l, part by part, as load_weights does: rows appended (qkv), gate+up interleaved.
+    int int4_count = 0;
+    auto upload_linear = [&](int l, int k, __half* w16, const Int4View& w4) {
+        const auto specs = llama_linear_specs(c_, l);
+        const bool interleave = k == 2;
+        int64_t row0 = 0;
+        for (size_t part = 0; part < kFusedParts[k].size(); ++part) {
+            const LinearSpec& s = specs[kFusedParts[k][part]];
+            const int64_t first = interleave ? static_cast<int64_t>(part) : row0;
+            const size_t stride = interleave ? kFusedParts[k].size() : 1;
+            const std::string name = s.prefix + ".weight";
+            const std::vector<float> w = host(name, {s.rows, s.cols});
+            if (w4.valid()) {
+                Int4Matrix m = quantize_int4(w.data(), static_cast<int>(s.rows), static_cast<int>(s.cols), w4.group);
+                const size_t groups = static_cast<size_t>(s.cols / w4.group);
+                auto copy_rows = [&](void* dst_base, const void* src, size_t row_bytes) {
+                    CUDA_CHECK(cudaMemcpy2D(static_cast<char*>(dst_base) + first * row_bytes, stride * row_bytes, src,
+                                            row_bytes, row_bytes, static_cast<size_t>(s.rows),
+                                            cudaMemcpyHostToDevice));
+                };
+                int4_to_device_layout(m.qweight, static_cast<int>(s.rows), static_cast<int>(s.cols), w4.group);
+                copy_rows(const_cast<uint32_t*>(w4.qweight), m.qweight.data(), static_cast<size_t>(s.cols / 8) * 4);
+                copy_rows(const_cast<__half*>(w4.scales), m.scales.data(), groups * 2);
+                copy_rows(const_cast<uint8_t*>(w4.zeros), m.zeros.data(), groups);
+                ++int4_count;
+            } else {
+                upload16(name, w, s.cols, w16, first, stride);
+            }
+            row0 += s.rows;
+        }
+    };
+    upload16(N::embed(), host(N::embed(), {V, H}), H, embed_, 0, 1);
+    for (int l = 0; l < c_.num_layers; ++l) {
+        Layer& L = layers_[l];
+        upload32(N::layer(l, "input_layernorm.weight"), L.attn_norm);
+        upload_linear(l, 0, L.wqkv, L.qkv4);
+        upload_linear(l, 1, L.wo, L.o4);
+        upload32(N::layer(l, "post_attention_layernorm.weight"), L.mlp_norm);
+        upload_linear(l, 2, L.wgu, L.gu4);
+        upload_linear(l, 3, L.wdown, L.down4);
+    }
+    upload32(N::final_norm(), final_norm_);
+    if (!c_.tie_word_embeddings) upload16(N::lm_head(), host(N::lm_head(), {V, H}), H, lm_head_, 0, 1);
+    if (clamped_total) spdlog::warn("{} weight values were outside the FP16 range and were clamped", clamped_total);
+    if (int4_count)
+        spdlog::info("int4 weights: {} of {} linear matrices (quantized on load from the GGUF's dequantized values, "
+                     "round-to-nearest)",
+                     int4_count, 7 * c_.num_layers);
     CUDA_CHECK(cudaDeviceSynchronize());
 }
 

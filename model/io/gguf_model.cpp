@@ -305,3 +305,84 @@ Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, cons
 }
 
 }  // namespace quest
+
+#include <cstring>
+
+#include "tokenizer/bpe.h"
+
+namespace quest {
+
+namespace {
+
+// A string array of the tokenizer metadata; nullptr when absent, InputError when it holds another element type.
+const std::vector<std::string>* string_array(const GgufFile& f, const std::string& key) {
+    const GgufArray* a = f.get_array(key);
+    if (!a) return nullptr;
+    if (a->type != GgufType::String)
+        throw InputError(f.name() + ": key '" + key + "': expected an array of string, found an array of " +
+                         std::string(gguf_type_name(a->type)));
+    return &a->strings;
+}
+
+// A token id of the tokenizer metadata, -1 when absent.
+int token_id_key(const GgufFile& f, const std::string& key, size_t vocab) {
+    const auto v = f.get_uint(key);
+    if (!v) return -1;
+    if (*v >= vocab)
+        throw InputError(f.name() + ": key '" + key + "': id " + std::to_string(*v) + " outside the vocabulary of " +
+                         std::to_string(vocab) + " tokens");
+    return static_cast<int>(*v);
+}
+
+}  // namespace
+
+std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
+    const auto model = f.get_string("tokenizer.ggml.model");
+    if (!model)
+        throw InputError(f.name() + ": no tokenizer in the file (key 'tokenizer.ggml.model' missing; expected a GGUF "
+                                    "with its vocabulary, as convert_hf_to_gguf.py writes it)");
+    if (*model == "llama")
+        throw InputError(f.name() + ": tokenizer.ggml.model 'llama' (a SentencePiece vocabulary) is not supported yet "
+                                    "(GGUF vocabularies of byte-level BPE, tokenizer.ggml.model 'gpt2', are)");
+    if (*model != "gpt2")
+        throw InputError(f.name() + ": tokenizer.ggml.model '" + *model +
+                         "' is not supported (expected 'gpt2', a byte-level BPE vocabulary)");
+    const auto* tokens = string_array(f, "tokenizer.ggml.tokens");
+    if (!tokens) throw InputError(f.name() + ": key 'tokenizer.ggml.tokens': missing (the vocabulary)");
+    const auto* merges = string_array(f, "tokenizer.ggml.merges");
+    if (!merges) throw InputError(f.name() + ": key 'tokenizer.ggml.merges': missing (a BPE vocabulary has merges)");
+    std::vector<int32_t> types(tokens->size(), 1);
+    if (const GgufArray* t = f.get_array("tokenizer.ggml.token_type")) {
+        if (t->type != GgufType::Int32 && t->type != GgufType::UInt32)
+            throw InputError(f.name() + ": key 'tokenizer.ggml.token_type': expected an array of int32, found an "
+                                        "array of " + std::string(gguf_type_name(t->type)));
+        types.resize(t->count);
+        if (!types.empty()) std::memcpy(types.data(), t->raw.data(), types.size() * 4);  // little-endian, as the host
+    }
+    const int bos = token_id_key(f, "tokenizer.ggml.bos_token_id", tokens->size());
+    const int eos = token_id_key(f, "tokenizer.ggml.eos_token_id", tokens->size());
+    const auto pre = f.get_string("tokenizer.ggml.pre");
+    if (!pre)
+        throw InputError(f.name() + ": key 'tokenizer.ggml.pre': missing (the pre-tokenizer of a 'gpt2' vocabulary; "
+                                    "expected gpt2, smollm, llama-bpe or qwen2)");
+    return std::make_unique<BpeTokenizer>(
+        BpeTokenizer::from_gguf_vocab(*tokens, *merges, types, bos, eos, *pre, f.name()));
+}
+
+void gguf_check_tensors_present(const GgufFile& f, const ModelConfig& c) {
+    auto need = [&](const std::string& hf, const std::string& why) {
+        const auto g = gguf_name_from_hf(hf);
+        if (!g || !f.find(*g))
+            throw InputError(f.name() + ": tensor '" + g.value_or(hf) + "' not found, but " + why);
+    };
+    need(LlamaTensorNames::embed(), "the file describes a Llama model (token_embd.weight)");
+    for (int l = 0; l < c.num_layers; ++l)
+        for (const char* norm : {"input_layernorm.weight", "post_attention_layernorm.weight"})
+            need(LlamaTensorNames::layer(l, norm), "its metadata says block_count " + std::to_string(c.num_layers) +
+                                                       " (the file has " + std::to_string(l) + " layers)");
+    need(LlamaTensorNames::final_norm(), "the file describes a Llama model (output_norm.weight)");
+}
+
+std::string gguf_chat_template(const GgufFile& f) { return f.get_string("tokenizer.chat_template").value_or(""); }
+
+}  // namespace quest

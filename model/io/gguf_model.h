@@ -28,6 +28,7 @@
 // k_proj (n = num_kv_heads): viewing the rows as [n][2][head_dim/2], it swaps the last two axes, so
 //     GGUF row h*head_dim + 2*i + a  =  HF row h*head_dim + a*head_dim/2 + i      (a in {0, 1}, i < head_dim/2).
 // Fetching q_proj / k_proj by HF name applies the inverse.
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -37,6 +38,7 @@
 #include "model/io/gguf.h"
 #include "model/io/gguf_quants.h"
 #include "model/io/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace quest {
 
@@ -68,5 +70,23 @@ LlamaWeightsF32 load_llama_weights_f32_gguf(const GgufFile& f, const ModelConfig
 // tensor is missing, has another shape, or is not Q4_0 / Q4_1.
 Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, const std::string& hf_name, int rows,
                                    int cols);
+
+}  // namespace quest
+
+namespace quest {
+
+// The tokenizer of a GGUF file from its tokenizer.ggml.* metadata: model "gpt2" (byte-level BPE: tokens, merges,
+// token_type, bos/eos ids, pre) through BpeTokenizer::from_gguf_vocab. A file without tokenizer.ggml.model, a
+// SentencePiece-style "llama" vocabulary (not supported yet) or another model is an InputError naming the file and
+// the tokenizer model.
+std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f);
+
+// The file holds what the config describes, from the tensor names alone (the counterpart of
+// check_checkpoint_matches_config for safetensors): token_embd, each layer's two norms, output_norm. Run before
+// any memory plan. InputError naming the file and the first missing tensor.
+void gguf_check_tensors_present(const GgufFile& f, const ModelConfig& c);
+
+// tokenizer.chat_template, "" when absent.
+std::string gguf_chat_template(const GgufFile& f);
 
 }  // namespace quest

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <unistd.h>
@@ -570,57 +571,63 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
     auto say = [&](const std::string& s) {
         if (progress) progress(s);
     };
-    if (!std::filesystem::is_directory(in))
-        throw InputError("model folder '" + in.string() + "' does not exist (expected a Hugging Face Llama folder)");
+    // A folder or a GGUF file (open_model_folder decides); a GGUF's tensors are dequantized to fp32 whole.
+    const ModelFolder model = open_model_folder(in);
     std::error_code ec;
     if (std::filesystem::exists(out) && std::filesystem::equivalent(in, out, ec))
         throw InputError("-o: the output folder must differ from the input folder");
     check_output_folder(out);
-    const ModelConfig config = load_model_config(in / "config.json");
-    const QuantizationInfo info = read_quantization_info(in);
-    const ModelFiles files(in);
-    const LinearReader reader(files, info);
+    const ModelConfig& config = model.config;
+    const QuantizationInfo info = model.is_gguf() ? QuantizationInfo{} : read_quantization_info(in);
+    std::optional<ModelFiles> files_owner;
+    if (!model.is_gguf()) files_owner.emplace(in);
+    std::optional<LinearReader> reader_owner;
+    if (!model.is_gguf()) reader_owner.emplace(*files_owner, info);
     const int group = opts.group != 0                                                         ? opts.group
                       : info.method != QuantizationInfo::Method::None && int4_group_valid(info.group) ? info.group
                                                                                                : kInt4DefaultGroup;
     if (!int4_group_valid(group))
         throw InputError("--group: expected a power of two >= 32 (e.g. 32, 64, 128), got " + std::to_string(group));
-    check_some_layer_quantizable(config, group, in / "config.json");
+    check_some_layer_quantizable(config, group, model.config_file());
 
     QuantizeSummary sum;
     sum.group = group;
-    sum.bytes_in = folder_safetensors_bytes(in);
+    sum.bytes_in = model.is_gguf() ? model.gguf->file_size() : folder_safetensors_bytes(in);
 
     // With calibration, the whole model in fp32 (scales are folded across layers); otherwise tensor by tensor.
     std::unique_ptr<LlamaWeightsF32> full;
     if (!opts.calib_file.empty()) {
-        const auto tok_file = tokenizer_file_in(in);
+        const auto tok_file = model.tokenizer_file();
         if (!std::filesystem::exists(tok_file))
             throw InputError(tok_file.string() + ": missing (--awq-calib tokenizes the calibration text with it; "
                              "expected tokenizer.json or tokenizer.model)");
-        const auto tok = load_tokenizer(in);
-        check_tokenizer_vocab(tok->vocab_size(), config, tok->file(), in / "config.json");
+        const auto tok = load_model_tokenizer(model);
+        check_tokenizer_vocab(*tok, model);
         std::vector<int> ids = tok->encode(read_text(opts.calib_file), /*add_bos=*/true);
         const int limit = std::min(opts.calib_tokens, config.max_context());
         if (static_cast<int>(ids.size()) > limit) ids.resize(limit);
         if (ids.size() < 2) throw InputError(opts.calib_file.string() + ": the calibration text is empty");
         say("loading the model in fp32 for calibration");
-        full = std::make_unique<LlamaWeightsF32>(load_llama_weights_f32(files, config));
+        full = std::make_unique<LlamaWeightsF32>(load_model_weights_f32(model));
         say("searching activation-aware scales on " + std::to_string(ids.size()) + " calibration tokens");
         sum.awq = true;
         sum.awq_stats = apply_awq_scaling(*full, ids, group, opts.threads);
     }
 
+    if (!full && model.is_gguf()) {
+        say("dequantizing " + model.dir.string() + " to fp32");
+        full = std::make_unique<LlamaWeightsF32>(load_model_weights_f32(model));
+    }
     using N = LlamaTensorNames;
     const int64_t H = config.hidden_size, V = config.vocab_size;
     TensorStore store;
     auto vec1 = [&](const std::string& name) {
         const int64_t shape[] = {H};
-        return load_tensor_f32(files, name, shape);
+        return load_tensor_f32(*files_owner, name, shape);
     };
     store.add_f16(N::embed(), {V, H}, full ? full->embed : [&] {
         const int64_t shape[] = {V, H};
-        return load_tensor_f32(files, N::embed(), shape);
+        return load_tensor_f32(*files_owner, N::embed(), shape);
     }());
     double err_num = 0, err_den = 0;
     for (int l = 0; l < config.num_layers; ++l) {
@@ -634,15 +641,16 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
             if (i == 4)  // the MLP norm sits between o_proj and gate_proj in file order
                 store.add(N::layer(l, "post_attention_layernorm.weight"), DType::F32, {H},
                           full ? full->layers[l].mlp_norm : vec1(N::layer(l, "post_attention_layernorm.weight")));
-            const LinearInfo li = reader.inspect(s.prefix, s.rows, s.cols);
+            const LinearReader* reader = reader_owner ? &*reader_owner : nullptr;
+            const LinearInfo li = full ? LinearInfo{} : reader->inspect(s.prefix, s.rows, s.cols);
             if (!full && li.int4() && li.group == group && int4_quantizable(static_cast<int>(s.cols), group) &&
                 (li.storage == LinearInfo::Storage::Int4 || s.rows % 8 == 0)) {
-                store.add_int4(s.prefix, reader.load_int4(s.prefix, s.rows, s.cols));  // exact copy
+                store.add_int4(s.prefix, reader->load_int4(s.prefix, s.rows, s.cols));  // exact copy
                 ++sum.quantized;
                 continue;
             }
             std::vector<float> loaded;
-            if (!full) loaded = reader.load_f32(s.prefix, s.rows, s.cols);
+            if (!full) loaded = reader->load_f32(s.prefix, s.rows, s.cols);
             const std::vector<float>& W = full ? *mats[i] : loaded;
             if (int4_quantizable(static_cast<int>(s.cols), group)) {
                 const Int4Matrix m = quantize_int4(W.data(), static_cast<int>(s.rows), static_cast<int>(s.cols),
@@ -664,7 +672,7 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
     store.add(N::final_norm(), DType::F32, {H}, full ? full->final_norm : vec1(N::final_norm()));
     if (!config.tie_word_embeddings) {
         const int64_t shape[] = {V, H};
-        store.add_f16(N::lm_head(), {V, H}, full ? full->lm_head : load_tensor_f32(files, N::lm_head(), shape));
+        store.add_f16(N::lm_head(), {V, H}, full ? full->lm_head : load_tensor_f32(*files_owner, N::lm_head(), shape));
     }
     sum.weight_rel_err = err_den > 0 ? std::sqrt(err_num / err_den) : 0.0;
 
@@ -686,9 +694,13 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
                                  {"modules_not_quantized", kept}};
     // Every output file is written whole or not at all (an interrupted quantize leaves no partial file).
     write_file_atomic(out / "config.json", cj.dump(2) + "\n");
-    for (const char* name : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                             "generation_config.json", "tokenizer.json"})
-        if (std::filesystem::exists(in / name)) copy_file_atomic(in / name, out / name);
+    if (model.is_gguf())  // the vocabulary stays in the GGUF (no tokenizer.json writer yet)
+        say("note: " + in.string() + "'s tokenizer is not written to " + out.string() +
+            " (GGUF vocabularies are not converted to tokenizer.json yet): the output runs bench and soak, not text");
+    else
+        for (const char* name : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                                 "generation_config.json", "tokenizer.json"})
+            if (std::filesystem::exists(in / name)) copy_file_atomic(in / name, out / name);
     sum.bytes_out = std::filesystem::file_size(out / "model.safetensors");
     return sum;
 }

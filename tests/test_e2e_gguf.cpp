@@ -1,0 +1,269 @@
+// A GGUF file end to end: `-m file.gguf` through the CLI (generate, chat, tokenize) and the library (ModelFolder,
+// the CPU backend), the chat formats (ChatML, Llama-3) chosen from the chat template. The SmolLM2 tests need
+// models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf (tools/fetch_smollm2.sh) and skip, saying so, without it.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "engine/chat.h"
+#include "engine/sampler.h"
+#include "kernels/common/error.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/model_folder.h"
+#include "test_util.h"
+#include "tokenizer/bpe.h"
+
+namespace quest {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using test::run_quest;
+using test::RunResult;
+
+fs::path gguf_fixture() { return test::source_dir() / "tests/fixtures/gguf/llama_gqa4.gguf"; }
+fs::path smollm2() { return test::source_dir() / "models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"; }
+
+#define REQUIRE_SMOLLM2()                                                                                         \
+    if (!fs::exists(smollm2()))                                                                                   \
+    GTEST_SKIP() << smollm2() << " is absent (run tools/fetch_smollm2.sh to fetch it)"
+
+size_t count(const std::string& s, const std::string& what) {
+    size_t n = 0;
+    for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
+    return n;
+}
+
+QuestSettings full_attention() {
+    QuestSettings q;
+    q.full_attention = true;
+    return q;
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The committed fixture (no byte-level BPE vocabulary: tokenizer.ggml.model "llama" with placeholder pieces)
+// ---------------------------------------------------------------------------------------------------------------------
+
+TEST(E2eGguf, FixtureOpensAsAModelAndRunsOnTheCpuBackendLikeItsHfFolder) {
+    const ModelFolder g = open_model_folder(gguf_fixture());
+    ASSERT_TRUE(g.is_gguf());
+    EXPECT_EQ(g.config_file(), gguf_fixture());
+    const ModelFolder hf = open_model_folder(test::source_dir() / "tests/fixtures/hf/f16_gqa4");
+    EXPECT_FALSE(hf.is_gguf());
+    EXPECT_EQ(g.config.num_layers, hf.config.num_layers);
+    EXPECT_EQ(g.config.num_kv_heads, hf.config.num_kv_heads);
+    EXPECT_EQ(g.config.vocab_size, hf.config.vocab_size);
+    auto a = make_cpu_backend(g, full_attention(), 16);
+    auto b = make_cpu_backend(hf, full_attention(), 16);
+    const std::vector<int> prompt = {1, 5, 9, 3, 7};
+    const auto la = a->prefill(prompt);
+    const std::vector<float> first(la.begin(), la.end());
+    const auto lb = b->prefill(prompt);
+    ASSERT_EQ(first.size(), lb.size());
+    for (size_t i = 0; i < first.size(); ++i) ASSERT_NEAR(first[i], lb[i], 1e-4f) << i;
+    const auto da = a->decode(11);
+    const std::vector<float> next(da.begin(), da.end());
+    const auto db = b->decode(11);
+    for (size_t i = 0; i < next.size(); ++i) ASSERT_NEAR(next[i], db[i], 1e-4f) << i;
+}
+
+TEST(E2eGguf, FixtureWithoutABpeVocabularyIsOneErrorLineNamingTheFileAndTheTokenizer) {
+    for (const std::string sub : {"generate -p hi -n 2", "chat -n 2 < /dev/null", "tokenize -p hi"}) {
+        SCOPED_TRACE(sub);
+        const std::string verb = sub.substr(0, sub.find(' '));
+        const RunResult r =
+            run_quest(verb + " -m '" + gguf_fixture().string() + "'" + sub.substr(sub.find(' ')), "e2e_fixture");
+        EXPECT_EQ(r.exit_code, 2);
+        EXPECT_EQ(r.out, "");
+        EXPECT_THAT(r.err, HasSubstr("error: " + gguf_fixture().string() + ": tokenizer.ggml.model 'llama'"));
+        EXPECT_THAT(r.err, HasSubstr("not supported yet"));
+        EXPECT_EQ(count(r.err, "\n"), 1u) << r.err;
+    }
+}
+
+TEST(E2eGguf, BadModelPathsAreOneErrorLine) {
+    const auto dir = test::temp_dir("e2e_bad");
+    std::ofstream(dir / "notes.txt") << "hello";
+    std::ofstream(dir / "broken.gguf") << "GGUF";
+    for (const fs::path& p : {dir / "notes.txt", dir / "broken.gguf", dir / "missing.gguf"}) {
+        SCOPED_TRACE(p);
+        const RunResult r = run_quest("generate -m '" + p.string() + "' -p hi -n 2", "e2e_bad_run");
+        EXPECT_EQ(r.exit_code, 2);
+        EXPECT_THAT(r.err, HasSubstr("error: "));
+        EXPECT_THAT(r.err, HasSubstr(p.string()));
+        EXPECT_EQ(count(r.err, "\n"), 1u) << r.err;
+    }
+}
+
+// quantize reads a GGUF too: the weights dequantized, then written in 4 bits (the vocabulary is not written yet).
+TEST(E2eGguf, QuantizeTakesAGgufFile) {
+    const auto out = test::temp_dir("e2e_quantize") / "q";
+    const RunResult r = run_quest("quantize -m '" + gguf_fixture().string() + "' -o '" + out.string() + "' --group 32",
+                                  "e2e_quantize_run");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("tokenizer is not written"));
+    const ModelFolder q = open_model_folder(out);
+    const ModelFolder g = open_model_folder(gguf_fixture());
+    EXPECT_EQ(q.config.num_layers, g.config.num_layers);
+    auto a = make_cpu_backend(q, full_attention(), 8);
+    auto b = make_cpu_backend(g, full_attention(), 8);
+    const std::vector<int> prompt = {1, 4, 2};
+    const auto la = a->prefill(prompt);
+    const std::vector<float> qa(la.begin(), la.end());
+    const auto lb = b->prefill(prompt);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < qa.size(); ++i) {
+        num += double(qa[i] - lb[i]) * (qa[i] - lb[i]);
+        den += double(lb[i]) * lb[i];
+    }
+    EXPECT_LT(std::sqrt(num / den), 0.3);  // int4 of the same weights, not another model
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Chat formats
+// ---------------------------------------------------------------------------------------------------------------------
+
+TEST(E2eGguf, ChatFormatFromTheTemplate) {
+    bool unknown = true;
+    EXPECT_EQ(detect_chat_format("", &unknown), ChatFormat::Plain);
+    EXPECT_FALSE(unknown);
+    EXPECT_EQ(detect_chat_format("{{'<|im_start|>' + message['role'] + '\n'}}", &unknown), ChatFormat::ChatML);
+    EXPECT_EQ(detect_chat_format("{{ '<|start_header_id|>' + message['role'] }}", &unknown), ChatFormat::Llama3);
+    EXPECT_EQ(detect_chat_format("{{ bos_token + '[INST] ' + content }}", &unknown), ChatFormat::Llama2);
+    EXPECT_FALSE(unknown);
+    EXPECT_EQ(detect_chat_format("{{ '<start_of_turn>' + role }}", &unknown), ChatFormat::Plain);
+    EXPECT_TRUE(unknown);
+    EXPECT_EQ(parse_chat_format("auto"), std::nullopt);
+    EXPECT_EQ(parse_chat_format("chatml"), ChatFormat::ChatML);
+    EXPECT_EQ(parse_chat_format("llama3"), ChatFormat::Llama3);
+    EXPECT_THROW(parse_chat_format("jinja"), InputError);
+    EXPECT_EQ(chat_template_default_system("{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+                                           "'<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}"),
+              "You are a helpful assistant.");
+    EXPECT_EQ(chat_template_default_system("{{'<|im_start|>' + message['role'] + '\n'}}"), "");
+}
+
+// A one-layer random-weight CPU backend over `vocab` ids (the chat formats' tests look at the turn tokens only).
+std::unique_ptr<Backend> random_backend(int vocab, const std::string& name) {
+    const auto dir = test::temp_dir(name);
+    const ModelConfig c = parse_model_config(
+        R"({"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "max_position_embeddings": 256, "tie_word_embeddings": true, "vocab_size": )" +
+            std::to_string(vocab) + "}",
+        "inline");
+    write_random_llama(dir, c, {3, DType::F32});
+    return make_cpu_backend(open_model_folder(dir), full_attention(), 256);
+}
+
+std::vector<int> ids_of(const Tokenizer& tok, const std::string& rendered) { return tok.encode(rendered, false); }
+
+// The turn tokens equal the tokenizer's ids of the template rendered as text (special tokens split out first).
+TEST(E2eGguf, Llama3TurnsAreTheRenderedTemplate) {
+    const auto file = test::source_dir() / "tests/fixtures/tokenizer/bpe/llama3/tokenizer.json";
+    const BpeTokenizer tok = BpeTokenizer::from_json_file(file);
+    auto backend = random_backend(tok.vocab_size(), "e2e_llama3");
+    Sampler sampler(SamplerSettings{});
+    ChatSession chat(*backend, tok, sampler, ChatFormat::Llama3, "Be brief.");
+    EXPECT_EQ(chat.turn_tokens("  Hello there \n"),
+              ids_of(tok, "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|>"
+                          "<|start_header_id|>user<|end_header_id|>\n\nHello there<|eot_id|>"
+                          "<|start_header_id|>assistant<|end_header_id|>\n\n"));
+}
+
+TEST(E2eGguf, ChatMLTurnsAreTheRenderedTemplate) {
+    const auto file = test::source_dir() / "tests/fixtures/tokenizer/bpe/smollm2/tokenizer.json";
+    const BpeTokenizer tok = BpeTokenizer::from_json_file(file);
+    auto backend = random_backend(tok.vocab_size(), "e2e_chatml");
+    Sampler sampler(SamplerSettings{});
+    ChatSession chat(*backend, tok, sampler, ChatFormat::ChatML, "You are kind.");
+    EXPECT_EQ(chat.turn_tokens("Hi there"),
+              ids_of(tok, "<|im_start|>system\nYou are kind.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+                          "<|im_start|>assistant\n"));
+    // An answer, then the second turn: the answer closed by <|im_end|> (sampled, or added when cut short).
+    (void)chat.answer("Hi", 3, [](const std::string&) {});
+    const std::vector<int> second = chat.turn_tokens("More");
+    const std::vector<int> tail = ids_of(tok, "<|im_end|>\n<|im_start|>user\nMore<|im_end|>\n<|im_start|>assistant\n");
+    ASSERT_GE(second.size(), tail.size());
+    EXPECT_EQ(std::vector<int>(second.end() - tail.size(), second.end()), tail);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// SmolLM2-135M-Instruct (Q4_1): a real pretrained chat model
+// ---------------------------------------------------------------------------------------------------------------------
+
+TEST(E2eSmolLM2, GenerateContinuesSensibly) {
+    REQUIRE_SMOLLM2();
+    const RunResult r = run_quest("generate -m '" + smollm2().string() +
+                                      "' -p 'The capital of France is' -n 16 --temp 0",
+                                  "e2e_smol_gen");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.out, HasSubstr("Paris")) << r.out;
+    std::printf("generate: %s%s", r.out.c_str(), r.err.substr(r.err.find("decode:")).c_str());
+}
+
+// `quest tokenize` gives the ids the BPE work checked against Hugging Face (tests/fixtures/tokenizer/bpe:
+// smollm2-gguf.ids, one line of ids per corpus.jsonl line).
+TEST(E2eSmolLM2, TokenizeMatchesTheCommittedIds) {
+    REQUIRE_SMOLLM2();
+    const auto dir = test::source_dir() / "tests/fixtures/tokenizer/bpe";
+    std::ifstream corpus(dir / "corpus.jsonl"), ids(dir / "smollm2-gguf.ids");
+    std::string text_line, ids_line;
+    int checked = 0;
+    for (int line = 0; line < 4 && std::getline(corpus, text_line) && std::getline(ids, ids_line); ++line) {
+        const std::string text = nlohmann::json::parse(text_line).get<std::string>();
+        if (text.find('\'') != std::string::npos || text.find('\n') != std::string::npos) continue;  // shell quoting
+        std::string want = "[";
+        std::istringstream in(ids_line);
+        for (int id; in >> id;) want += (want.size() > 1 ? ", " : "") + std::to_string(id);
+        want += "]\n";
+        const RunResult r =
+            run_quest("tokenize -m '" + smollm2().string() + "' -p '" + text + "' --ids", "e2e_smol_tok");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, want) << text;
+        ++checked;
+    }
+    EXPECT_GE(checked, 2);
+    const RunResult r = run_quest("tokenize -m '" + smollm2().string() + "' -p 'Hello world'", "e2e_smol_tok");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, " 19556 -> 'Hello'\n   905 -> ' world'\n");
+}
+
+TEST(E2eSmolLM2, ChatAnswersAndStopsAtImEnd) {
+    REQUIRE_SMOLLM2();
+    const auto dir = test::temp_dir("e2e_smol_chat_in");
+    std::ofstream(dir / "in.txt") << "What is the capital of France?\n/stats\n";
+    const RunResult r = run_quest("chat -m '" + smollm2().string() + "' -n 64 --temp 0 -c 512 < '" +
+                                      (dir / "in.txt").string() + "'",
+                                  "e2e_smol_chat");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("ChatML"));
+    EXPECT_THAT(r.out, HasSubstr("Paris")) << r.out;
+    EXPECT_THAT(r.err, HasSubstr("stop eos")) << r.err;  // ended by <|im_end|>, not by -n
+    EXPECT_THAT(r.out, Not(HasSubstr("im_start"))) << r.out;
+    std::printf("chat: %s", r.out.c_str());
+
+    // The same through the library: the answer's last token is <|im_end|>.
+    const ModelFolder m = open_model_folder(smollm2());
+    const auto tok = load_model_tokenizer(m);
+    auto backend = make_cpu_backend(m, full_attention(), 512);
+    SamplerSettings greedy;
+    greedy.temperature = 0;
+    Sampler sampler(greedy);
+    ChatSession chat(*backend, *tok, sampler, detect_chat_format(model_chat_template(m)),
+                     chat_template_default_system(model_chat_template(m)));
+    std::string text;
+    const GenerateResult g = chat.answer("Name a color.", 64, [&](const std::string& t) { text += t; });
+    EXPECT_EQ(g.stop_reason, "eos");
+    ASSERT_FALSE(g.tokens.empty());
+    EXPECT_EQ(g.tokens.back(), tok->token_id("<|im_end|>").value());
+    EXPECT_FALSE(text.empty());
+}
+
+}  // namespace
+}  // namespace quest
