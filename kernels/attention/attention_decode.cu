@@ -252,9 +252,10 @@ void dispatch_group(int group, __half* out, const __half* q, const KvLayerView& 
     switch (group) {
         case 1: return launch_split<D, 1>(out, q, kv, d_pos, sl2, split_tokens, ws, stream);
         case 2: return launch_split<D, 2>(out, q, kv, d_pos, sl2, split_tokens, ws, stream);
+        case 3: return launch_split<D, 3>(out, q, kv, d_pos, sl2, split_tokens, ws, stream);
         case 4: return launch_split<D, 4>(out, q, kv, d_pos, sl2, split_tokens, ws, stream);
         case 8: return launch_split<D, 8>(out, q, kv, d_pos, sl2, split_tokens, ws, stream);
-        default: QUEST_REQUIRE(false, "attention_decode: GQA group size must be 1, 2, 4 or 8");
+        default: QUEST_REQUIRE(false, "attention_decode: GQA group size must be 1, 2, 3, 4 or 8");
     }
 }
 

@@ -37,7 +37,8 @@ struct StepShape {
 };
 
 struct PageSelectorDef {
-    std::string_view name;  // settings, flags and --policies spelling: "quest", "streaming", ...
+    std::string_view name;  // settings, flags and --policies spelling: "quest", "streaming", ... (a string literal:
+                            // the settings table hands out name.data() as a C string)
     std::string_view help;  // one line for --help
     uint32_t uses = 0;      // SelectorUses
     // CPU reference of a selecting step: fills out.blocks (ascending, covering the last page), out.block_size and

@@ -52,14 +52,11 @@ std::vector<const char*> selector_names() {
     return out;
 }
 
-// An enum's names in its order, from its name function (the names live in model/core/selection.cpp).
+// An enum's names in its order, from its name function (string literals: kernels/select/selection.cpp).
 template <class E, class NameOf>
 std::vector<const char*> enum_names(int count, NameOf name_of) {
-    static std::vector<std::string> storage;  // one per instantiation: E keeps them apart
-    storage.clear();
-    for (int i = 0; i < count; ++i) storage.emplace_back(name_of(static_cast<E>(i)));
     std::vector<const char*> out;
-    for (const auto& n : storage) out.push_back(n.c_str());
+    for (int i = 0; i < count; ++i) out.push_back(name_of(static_cast<E>(i)).data());
     return out;
 }
 

@@ -66,8 +66,8 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
         throw InputError("the CUDA backend needs head_dim to be a multiple of 8 and at most 256, got " +
                          std::to_string(c.head_dim));
     const int group = c.num_heads / c.num_kv_heads;
-    if (group != 1 && group != 2 && group != 4 && group != 8)
-        throw InputError("the CUDA backend supports GQA group sizes 1, 2, 4 and 8, got " + std::to_string(group));
+    if (group != 1 && group != 2 && group != 3 && group != 4 && group != 8)
+        throw InputError("the CUDA backend supports GQA group sizes 1, 2, 3, 4 and 8, got " + std::to_string(group));
 
     plan_ = plan_memory(c_, quest_, capacity_, opts_, &groups_);
     size_t free_b = 0, total_b = 0;

@@ -259,31 +259,13 @@ std::vector<float> gguf_load_tensor_f32(const GgufFile& f, const ModelConfig& c,
 }
 
 LlamaWeightsF32 load_llama_weights_f32_gguf(const GgufFile& f, const ModelConfig& c) {
-    using N = LlamaTensorNames;
-    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), ff = c.intermediate_size, V = c.vocab_size;
     auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
         return gguf_load_tensor_f32(f, c, name, std::span<const int64_t>(shape.begin(), shape.size()));
     };
-    LlamaWeightsF32 w;
-    w.config = c;
-    w.embed = get(N::embed(), {V, h});
-    // One record per layer as it is read (a config claiming more layers than the file holds fails at the first
-    // missing tensor, before allocating for all of them).
-    for (int l = 0; l < c.num_layers; ++l) {
-        LayerWeightsF32& L = w.layers.emplace_back();
-        L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
-        L.wq = get(N::layer(l, "self_attn.q_proj.weight"), {q, h});
-        L.wk = get(N::layer(l, "self_attn.k_proj.weight"), {kv, h});
-        L.wv = get(N::layer(l, "self_attn.v_proj.weight"), {kv, h});
-        L.wo = get(N::layer(l, "self_attn.o_proj.weight"), {h, q});
-        L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
-        L.w_gate = get(N::layer(l, "mlp.gate_proj.weight"), {ff, h});
-        L.w_up = get(N::layer(l, "mlp.up_proj.weight"), {ff, h});
-        L.w_down = get(N::layer(l, "mlp.down_proj.weight"), {h, ff});
-    }
-    w.final_norm = get(N::final_norm(), {h});
-    if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});
-    return w;
+    auto linear = [&](int l, const char* name, int64_t rows, int64_t cols) {
+        return get(LlamaTensorNames::layer(l, name) + ".weight", {rows, cols});
+    };
+    return assemble_llama_weights_f32(c, get, linear);
 }
 
 Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, const std::string& hf_name, int rows,

@@ -37,36 +37,15 @@ std::vector<float> load_tensor_f32(const ModelFiles& files, const std::string& n
 }
 
 LlamaWeightsF32 load_llama_weights_f32(const ModelFiles& files, const ModelConfig& c) {
-    using N = LlamaTensorNames;
-    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, V = c.vocab_size;
     auto get = [&](const std::string& name, std::initializer_list<int64_t> shape) {
         return load_tensor_f32(files, name, std::span<const int64_t>(shape.begin(), shape.size()));
     };
     // Linear layers may be stored in 4 bits (quest-int4 or AutoAWQ, model/io/quantize.h): dequantized to fp32.
     const LinearReader reader(files, read_quantization_info(files.dir()));
     auto linear = [&](int l, const char* name, int64_t rows, int64_t cols) {
-        return reader.load_f32(N::layer(l, name), rows, cols);
+        return reader.load_f32(LlamaTensorNames::layer(l, name), rows, cols);
     };
-    LlamaWeightsF32 w;
-    w.config = c;
-    w.embed = get(N::embed(), {V, h});
-    // One record per layer as it is read, not num_layers up front: a config that claims more layers than the files
-    // hold fails at the first missing tensor instead of allocating records for all of them (2^30 layers: 200+ GB).
-    for (int l = 0; l < c.num_layers; ++l) {
-        LayerWeightsF32& L = w.layers.emplace_back();
-        L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
-        L.wq = linear(l, "self_attn.q_proj", q, h);
-        L.wk = linear(l, "self_attn.k_proj", kv, h);
-        L.wv = linear(l, "self_attn.v_proj", kv, h);
-        L.wo = linear(l, "self_attn.o_proj", h, q);
-        L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
-        L.w_gate = linear(l, "mlp.gate_proj", f, h);
-        L.w_up = linear(l, "mlp.up_proj", f, h);
-        L.w_down = linear(l, "mlp.down_proj", h, f);
-    }
-    w.final_norm = get(N::final_norm(), {h});
-    if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});
-    return w;
+    return assemble_llama_weights_f32(c, get, linear);
 }
 
 void check_checkpoint_matches_config(const ModelFiles& files, const ModelConfig& config,

@@ -1,6 +1,7 @@
 #pragma once
 // Llama weights fetched by name from a model folder, with shape checks (a mismatch names the file, the tensor,
 // Expected and Actual). Tensor names are Hugging Face's (LlamaForCausalLM).
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -60,5 +61,33 @@ void check_checkpoint_matches_config(const ModelFiles& files, const ModelConfig&
 
 // One tensor converted to fp32 with its shape checked.
 std::vector<float> load_tensor_f32(const ModelFiles& files, const std::string& name, std::span<const int64_t> shape);
+
+// The record of a Llama model, read tensor by tensor in file order from any source: get(name, shape) returns a
+// norm or an embedding as fp32, linear(layer, "self_attn.q_proj", rows, cols) a linear matrix. One record per layer
+// as it is read, not num_layers up front: a config that claims more layers than the files hold fails at the first
+// missing tensor instead of allocating records for all of them (2^30 layers: 200+ GB).
+template <class Get, class Linear>
+LlamaWeightsF32 assemble_llama_weights_f32(const ModelConfig& c, Get&& get, Linear&& linear) {
+    using N = LlamaTensorNames;
+    const int64_t h = c.hidden_size, q = c.q_dim(), kv = c.kv_dim(), f = c.intermediate_size, V = c.vocab_size;
+    LlamaWeightsF32 w;
+    w.config = c;
+    w.embed = get(N::embed(), {V, h});
+    for (int l = 0; l < c.num_layers; ++l) {
+        LayerWeightsF32& L = w.layers.emplace_back();
+        L.attn_norm = get(N::layer(l, "input_layernorm.weight"), {h});
+        L.wq = linear(l, "self_attn.q_proj", q, h);
+        L.wk = linear(l, "self_attn.k_proj", kv, h);
+        L.wv = linear(l, "self_attn.v_proj", kv, h);
+        L.wo = linear(l, "self_attn.o_proj", h, q);
+        L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
+        L.w_gate = linear(l, "mlp.gate_proj", f, h);
+        L.w_up = linear(l, "mlp.up_proj", f, h);
+        L.w_down = linear(l, "mlp.down_proj", h, f);
+    }
+    w.final_norm = get(N::final_norm(), {h});
+    if (!c.tie_word_embeddings) w.lm_head = get(N::lm_head(), {V, h});
+    return w;
+}
 
 }  // namespace quest

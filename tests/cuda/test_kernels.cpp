@@ -263,7 +263,7 @@ TEST(CudaOps, AttentionDecodeSplitK) {
     struct Case { int D, NKV, G, len, split, cap; };
     for (Case cs : {Case{128, 2, 1, 4096, 256, 4200}, Case{128, 1, 4, 1000, 256, 1024}, Case{64, 2, 8, 333, 64, 400},
                     Case{8, 4, 2, 130, 32, 512}, Case{16, 1, 1, 1, 256, 16}, Case{32, 3, 2, 257, 256, 300},
-                    Case{256, 1, 2, 700, 128, 800}, Case{128, 8, 1, 32768, 256, 32768},
+                    Case{256, 1, 2, 700, 128, 800}, Case{64, 3, 3, 1000, 128, 1024}, Case{128, 8, 1, 32768, 256, 32768},
                     Case{128, 8, 1, 40000, 1024, 49152}}) {
         // The smallest workspace (spans of split tokens) and the balancing one (decode_max_splits: whole waves).
         for (const bool balanced : {false, true}) {
