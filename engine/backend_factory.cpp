@@ -20,12 +20,12 @@ namespace {
 // The CPU backend over a float checkpoint quantized on load (bench --weights int4): the fp32 reference of the
 // round-to-nearest int4 model. A folder already in 4 bits is read as it is.
 bool int4_on_load(const ModelFolder& model, const BackendOptions& o) {
-    return o.weights == BackendOptions::WeightFormat::Int4 &&
+    return !o.weights.stored && o.weights.format == LinearFormat::Int4 &&
            (model.is_gguf() || read_quantization_info(model.dir).method == QuantizationInfo::Method::None);
 }
 std::unique_ptr<Backend> make_cpu_backend_int4(const ModelFolder& model, const BackendOptions& o) {
     auto w = std::make_shared<LlamaWeightsF32>(load_model_weights_f32(model));
-    fake_quantize_llama_weights(*w, o.int4_group);
+    fake_quantize_llama_weights(*w, o.weights.group);
     return std::make_unique<CpuLlama>(std::move(w), o.quest, o.capacity);
 }
 [[noreturn]] void no_cuda() {
@@ -44,10 +44,7 @@ CudaOptions cuda_options(const BackendOptions& o) {
     c.memory_limit = o.memory_limit;
     c.prefill_chunk = o.prefill_chunk;
     c.profile = o.profile;
-    // CudaOptions keeps the weight format as one int: 0 as stored, -1 FP16, G int4 with group G.
-    c.int4_group = o.weights == BackendOptions::WeightFormat::Int4   ? o.int4_group
-                   : o.weights == BackendOptions::WeightFormat::Fp16 ? -1
-                                                                     : 0;
+    c.weights = o.weights;
     return c;
 }
 #endif
@@ -81,7 +78,7 @@ std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64
         check_cpu_memory(config, o.quest, o.capacity, o.memory_limit);
         const auto dir = std::filesystem::temp_directory_path() / ("quest_random_" + std::to_string(::getpid()));
         write_random_llama(dir, config, {seed, DType::F32});
-        if (o.weights == BackendOptions::WeightFormat::Int4) {
+        if (!o.weights.stored && o.weights.format == LinearFormat::Int4) {
             auto b = make_cpu_backend_int4(ModelFolder{dir, load_model_config(dir / "config.json")}, o);
             std::filesystem::remove_all(dir);
             return b;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/linear/format.h"
 #include "model/core/backend.h"
 #include "model/core/settings_table.h"
 #include "model/io/model_folder.h"
@@ -23,13 +24,10 @@ struct BackendOptions {
     size_t memory_limit = 0;    // --memory-limit: bytes the memory plan may use (0: what the device has free; cpu: host)
     int prefill_chunk = 2048;   // --prefill-chunk: cuda: tokens per prefill chunk
     bool profile = false;       // bench --breakdown: cuda: time the decode step's kernel groups (eager launches)
-    // Linear layers: as stored (FP16, or the 4-bit layers of quest-int4 / AutoAWQ folders), FP16 (4-bit layers
-    // dequantized), or int4 with group int4_group (FP16 layers quantized on load, round-to-nearest; random weights
-    // drawn as int4 on the device). The CPU backend always computes in fp32 on the (de)quantized values.
-    // bench --weights sets both per row (no flag of their own).
-    enum class WeightFormat { Stored, Fp16, Int4 };
-    WeightFormat weights = WeightFormat::Stored;
-    int int4_group = 128;
+    // Linear layers (kernels/linear/format.h): as stored, FP16, or int4 with a group (settings `weights` and
+    // `int4_group`; bench --weights sets both per row). The CPU backend always computes in fp32 on the
+    // (de)quantized values.
+    WeightRequest weights;
 };
 // Every backend setting once (model/core/settings_table.h): backend, graph, fused_norms, quest_fused, memory_limit,
 // prefill_chunk, weights, int4_group.

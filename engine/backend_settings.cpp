@@ -50,12 +50,19 @@ std::vector<Entry> make_table() {
                          "cuda: tokens per prefill chunk (activations scale with it, not with the prompt)");
     chunk.min = 1, chunk.max = 1 << 20;
     t.push_back(chunk);
-    Entry weights = member("weights", nullptr, K::Enum, &BackendOptions::weights,
-                           "linear layers: as stored, fp16, or int4 with group int4_group (bench --weights)");
-    weights.choices = {"stored", "fp16", "int4"};
+    Entry weights{"weights", nullptr, K::Enum,
+                  "linear layers: as stored, fp16, or int4 with group int4_group (bench --weights)",
+                  [](const BackendOptions& o) { return o.weights.stored ? 0.0 : 1.0 + static_cast<int>(o.weights.format); },
+                  [](BackendOptions& o, double v) {
+                      o.weights.stored = v == 0;
+                      if (v > 0) o.weights.format = kLinearFormats[static_cast<size_t>(v) - 1];
+                  }};
+    weights.choices = {"stored"};
+    for (LinearFormat f : kLinearFormats) weights.choices.push_back(linear_format_name(f));
     t.push_back(weights);
-    Entry group = member("int4_group", nullptr, K::Int, &BackendOptions::int4_group,
-                         "int4 weights: columns per scale (a power of two, bench --weights int4-g<G>)");
+    Entry group{"int4_group", nullptr, K::Int, "int4 weights: columns per scale (a power of two, bench --weights int4-g<G>)",
+                [](const BackendOptions& o) { return static_cast<double>(o.weights.group); },
+                [](BackendOptions& o, double v) { o.weights.group = static_cast<int>(v); }};
     group.min = 32, group.max = 65536;
     t.push_back(group);
     return t;

@@ -30,15 +30,14 @@ std::string stored_weights_label(const ModelFolder& folder) {
 // Sets the backend's weight format for one --weights entry; returns the row label.
 std::string apply_weights(BackendOptions& o, const std::string& spec, const std::string& stored) {
     if (spec.empty()) {
-        o.weights = BackendOptions::WeightFormat::Stored;
+        o.weights = WeightRequest::as_stored();
         return stored;
     }
     if (spec == "fp16") {
-        o.weights = BackendOptions::WeightFormat::Fp16;
+        o.weights = WeightRequest::f16();
         return spec;
     }
-    o.weights = BackendOptions::WeightFormat::Int4;
-    o.int4_group = std::stoi(spec.substr(6));  // "int4-g<G>"
+    o.weights = WeightRequest::int4(std::stoi(spec.substr(6)));  // "int4-g<G>"
     return stored == "fp16" ? spec : stored;  // 4-bit folders keep their own layers
 }
 

@@ -14,6 +14,7 @@
 
 #include "model/core/backend.h"
 #include "kernels/common/basic_ops.h"
+#include "kernels/linear/format.h"
 #include "kernels/linear/int4_layout.h"
 #include "kernels/linear/quant.h"
 #include "kernels/common/error.h"
@@ -352,8 +353,8 @@ TEST(Int4Layout, IntegerDotErrorAgainstTheFp16DotWithAnOutlier) {
                     cs.outlier, cs.weights == 0 ? "random" : (cs.weights == 1 ? "zero" : "+-1"), r16, ri);
         EXPECT_LE(r16, cs.max_fp16);
         EXPECT_LE(ri, cs.max_i16);
-        if (cs.weights == 0) EXPECT_LT(ri, 0.5 * r16);
-        if (cs.weights == 2) EXPECT_LT(ri, 1.5 * r16);
+        if (cs.weights == 0) { EXPECT_LT(ri, 0.5 * r16); }
+        if (cs.weights == 2) { EXPECT_LT(ri, 1.5 * r16); }
     }
 }
 
@@ -946,4 +947,27 @@ TEST(QuantizeCli, BadGroupAndCalibration) {
     EXPECT_THAT(r.err, HasSubstr("calibration tokens"));
     r = run_quest("generate -m '" + out.string() + "' -p hi -n 4 --temp 0");
     EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// The weight-format seam's storage rule (kernels/linear/format.h): what each request gives a fused matrix from how its
+// parts are stored.
+TEST(LinearStorage, ChooseFollowsTheRequestAndTheStoredParts) {
+    using S = LinearStorage;
+    const S f16 = S::f16(), g64 = S::int4(64), g32 = S::int4(32), unusable = S::int4(0);
+    auto choose = [](const WeightRequest& r, std::vector<S> parts, int64_t cols) {
+        return choose_linear_storage(r, parts, 128, cols);
+    };
+    const WeightRequest stored = WeightRequest::as_stored(), fp16 = WeightRequest::f16(), int4 = WeightRequest::int4(128);
+    EXPECT_EQ(choose(stored, {f16, f16, f16}, 4096), f16);
+    EXPECT_EQ(choose(stored, {g64, g64}, 4096), g64);              // 4-bit layers stay as stored
+    EXPECT_EQ(choose(int4, {g64, g64}, 4096), g64);                // with their own group under an int4 request
+    EXPECT_EQ(choose(fp16, {g64, g64}, 4096), f16);                // FP16 asked: dequantized
+    EXPECT_EQ(choose(stored, {g64, g32}, 4096), f16);              // parts stored differently
+    EXPECT_EQ(choose(int4, {g64, f16}, 4096), f16);
+    EXPECT_EQ(choose(int4, {unusable, unusable}, 4096), f16);      // 4-bit values the int4 format cannot take
+    EXPECT_EQ(choose(int4, {f16, f16}, 4096), S::int4(128));       // float layers quantized on load
+    EXPECT_EQ(choose(int4, {f16}, 576), f16);                      // the group must divide the input dimension
+    EXPECT_EQ(choose(WeightRequest::int4(64), {f16}, 576), S::int4(64));
+    EXPECT_EQ(S::int4(128).describe(), "int4 g128");
+    EXPECT_EQ(f16.describe(), "fp16");
 }

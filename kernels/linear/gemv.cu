@@ -87,41 +87,16 @@ __global__ void __launch_bounds__(W * 32) gemv_vec_kernel(float* y, const __half
     }
 }
 
-using GemvKernel = void (*)(float*, const __half*, const __half*, int, int, GemvEpi);
-
-struct GemvVariant {
-    const char* name;
-    GemvKernel kernel;
-    int rows_per_block;
-    int threads;
-};
-
-#define QUEST_GEMV_VARIANT(R, U, W, KS) \
-    GemvVariant{"R" #R " U" #U " W" #W " KS" #KS, gemv_vec_kernel<R, U, W, KS>, (W / KS) * R, W * 32}
-// Candidates measured by quest_kernel_bench; variant 0 is the one gemv() uses (docs/measurements.md says why).
-// On the H200 at the 7B shapes R2 U4 W8 KS4 was the fastest or within 1% of it on all five.
-const GemvVariant kVariants[] = {
-    QUEST_GEMV_VARIANT(2, 4, 8, 4) /* = kFused* */, QUEST_GEMV_VARIANT(2, 4, 4, 1), QUEST_GEMV_VARIANT(1, 4, 8, 1),
-    QUEST_GEMV_VARIANT(1, 8, 4, 1), QUEST_GEMV_VARIANT(2, 8, 4, 1), QUEST_GEMV_VARIANT(4, 4, 4, 1),
-    QUEST_GEMV_VARIANT(1, 4, 8, 2), QUEST_GEMV_VARIANT(1, 8, 8, 4),
-};
-#undef QUEST_GEMV_VARIANT
-
-void launch_variant(const GemvVariant& v, float* y, const __half* W, const __half* x, int rows, int cols,
-                    cudaStream_t stream) {
-    launch_pdl(v.kernel, dim3(ceil_div(rows, v.rows_per_block)), dim3(v.threads), 0, stream, y, W, x, rows, cols,
-               GemvEpi{});
-}
-
-// The fused epilogues run on variant 0's tiling (kFused* below must match kVariants[0]).
-constexpr int kFusedR = 2, kFusedU = 4, kFusedW = 8, kFusedKS = 4;
-constexpr int kFusedRowsPerBlock = (kFusedW / kFusedKS) * kFusedR;
+// The tiling of the one FP16 GEMV kernel (plain and fused epilogues): 2 rows per warp, 4 loads of 16 bytes in flight
+// per lane, 8 warps per block in 4 column segments. On the H200 at the 7B shapes it was the fastest or within 1% of
+// the fastest of eight tilings (docs/measurements.md has the table).
+constexpr int kVecR = 2, kVecU = 4, kVecW = 8, kVecKS = 4;
+constexpr int kVecRowsPerBlock = (kVecW / kVecKS) * kVecR;
 
 template <GemvEpilogue E>
-void launch_fused(float* y, const __half* W, const __half* x, int rows, int cols, const GemvEpi& e,
-                  cudaStream_t stream) {
-    launch_pdl(gemv_vec_kernel<kFusedR, kFusedU, kFusedW, kFusedKS, E>, dim3(ceil_div(rows, kFusedRowsPerBlock)),
-               dim3(kFusedW * 32), 0, stream, y, W, x, rows, cols, e);
+void launch_vec(float* y, const __half* W, const __half* x, int rows, int cols, const GemvEpi& e, cudaStream_t stream) {
+    launch_pdl(gemv_vec_kernel<kVecR, kVecU, kVecW, kVecKS, E>, dim3(ceil_div(rows, kVecRowsPerBlock)),
+               dim3(kVecW * 32), 0, stream, y, W, x, rows, cols, e);
 }
 
 void check_fused(const __half* W, const __half* x, int rows, int cols, const NormScale* n, const char* who) {
@@ -150,21 +125,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32) gemv_scalar_kernel(float*
 void gemv(float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream) {
     QUEST_REQUIRE(y && W && x && rows > 0 && cols > 0, "gemv: bad arguments");
     if (cols % 8 == 0 && is_aligned(W, 16) && is_aligned(x, 16)) {
-        launch_variant(kVariants[0], y, W, x, rows, cols, stream);
+        launch_vec<GemvEpilogue::Store>(y, W, x, rows, cols, GemvEpi{}, stream);
     } else {
         launch_pdl(gemv_scalar_kernel, dim3(ceil_div(rows, kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), 0, stream, y,
                    W, x, rows, cols);
     }
-}
-
-int gemv_variant_count() { return static_cast<int>(sizeof(kVariants) / sizeof(kVariants[0])); }
-const char* gemv_variant_name(int v) { return kVariants[v].name; }
-
-void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream) {
-    QUEST_REQUIRE(v >= 0 && v < gemv_variant_count(), "gemv_variant: no such variant");
-    QUEST_REQUIRE(y && W && x && rows > 0 && cols > 0 && cols % 8 == 0 && is_aligned(W, 16) && is_aligned(x, 16),
-                  "gemv_variant: needs cols % 8 == 0 and 16-byte aligned W and x");
-    launch_variant(kVariants[v], y, W, x, rows, cols, stream);
 }
 
 bool gemv_fused_supported(const __half* W, const __half* x, int cols) {
@@ -177,7 +142,7 @@ void gemv_scaled(float* y, const __half* W, const __half* xg, int rows, int cols
     QUEST_REQUIRE(y, "gemv_scaled: bad arguments");
     GemvEpi e;
     e.norm = norm;
-    launch_fused<GemvEpilogue::Scale>(y, W, xg, rows, cols, e, stream);
+    launch_vec<GemvEpilogue::Scale>(y, W, xg, rows, cols, e, stream);
 }
 
 void gemv_swiglu(__half* act, const __half* W, const __half* xg, int rows, int cols, const NormScale& norm,
@@ -187,10 +152,10 @@ void gemv_swiglu(__half* act, const __half* W, const __half* xg, int rows, int c
     GemvEpi e;
     e.norm = norm;
     e.act = act;
-    launch_fused<GemvEpilogue::SwiGLU>(nullptr, W, xg, rows, cols, e, stream);
+    launch_vec<GemvEpilogue::SwiGLU>(nullptr, W, xg, rows, cols, e, stream);
 }
 
-int gemv_residual_partials(int rows) { return ceil_div(rows, kFusedRowsPerBlock); }
+int gemv_residual_partials(int rows) { return ceil_div(rows, kVecRowsPerBlock); }
 
 void gemv_residual(const ResidualNorm& out, const __half* W, const __half* x, int rows, int cols,
                    cudaStream_t stream) {
@@ -201,7 +166,7 @@ void gemv_residual(const ResidualNorm& out, const __half* W, const __half* x, in
                   "gemv_residual: partials_capacity < gemv_residual_partials(rows)");
     GemvEpi e;
     e.res = out;
-    launch_fused<GemvEpilogue::Residual>(nullptr, W, x, rows, cols, e, stream);
+    launch_vec<GemvEpilogue::Residual>(nullptr, W, x, rows, cols, e, stream);
 }
 
 void gemm_cublas(cublasHandle_t handle, float* Y, const __half* W, const __half* X, int T, int rows, int cols,

@@ -12,13 +12,7 @@ namespace quest {
 // 16-byte loads. Requires cols % 8 == 0 and 16-byte aligned W and x.
 void gemv(float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream);
 
-// The kernel variants gemv() chooses from (rows per warp, loads in flight, warps per block, column segments), for
-// the micro-benchmark and the tests; gemv() is variant 0.
-int gemv_variant_count();
-const char* gemv_variant_name(int v);
-void gemv_variant(int v, float* y, const __half* W, const __half* x, int rows, int cols, cudaStream_t stream);
-
-// The decode step's fused epilogues (kernels/linear/gemv_epilogue.h) on variant 0's kernel: the same row sums as gemv(),
+// The decode step's fused epilogues (kernels/linear/gemv_epilogue.h) on gemv()'s kernel: the same row sums as gemv(),
 // then
 //   gemv_scaled:   y[r] = inv * (W xg)[r]                                    (qkv, lm_head)
 //   gemv_swiglu:   W's rows interleaved (row 2i = gate_i, row 2i + 1 = up_i, rows = 2 F even):

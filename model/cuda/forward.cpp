@@ -11,7 +11,7 @@
 #include "kernels/attention/attention_prefill.cuh"
 #include "kernels/common/elementwise.cuh"
 #include "kernels/linear/gemv.cuh"
-#include "kernels/linear/quant.h"
+#include "kernels/linear/linear.h"
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry.h"
@@ -32,47 +32,33 @@ using namespace cuda_layout;
 // Prefill
 // ------------------------------------------------------------------------------------------------------------------
 
-void CudaLlama::linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows,
-                            int cols) {
-    if (w4.valid()) {  // dequantize into the scratch (stream-ordered: the previous GEMM is done with it), then FP16
-        dequantize_int4_to_half(dequant_scratch_.get(), w4, stream_);
-        w16 = dequant_scratch_.get();
-    }
-    gemm_cublas(cublas_, Y, w16, X, T, rows, cols, stream_);
+void CudaLlama::linear_gemm(float* Y, const LinearWeight& W, const __half* X, int T) {
+    ops_of(W).gemm(cublas_, Y, W, X, T, gemm_scratch_.get(), stream_);
 }
 
-void CudaLlama::linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols) {
-    if (w4.valid()) gemv_int4(y, w4, x, stream_);
-    else gemv(y, w16, x, rows, cols, stream_);
-}
+void CudaLlama::linear_gemv(float* y, const LinearWeight& W, const __half* x) { ops_of(W).gemv(y, W, x, stream_); }
 
 NormScale CudaLlama::norm_input() const {
     return NormScale{norm_partials_.get(), norm_count_, c_.hidden_size, static_cast<float>(c_.rms_norm_eps)};
 }
 
-void CudaLlama::linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols) {
-    const NormScale norm = norm_input();
-    if (w4.valid()) gemv_int4_scaled(y, w4, xn_.get(), norm, stream_);
-    else gemv_scaled(y, w16, xn_.get(), rows, cols, norm, stream_);
+void CudaLlama::linear_gemv_scaled(float* y, const LinearWeight& W) {
+    ops_of(W).gemv_scaled(y, W, xn_.get(), norm_input(), stream_);
 }
 
-void CudaLlama::linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols) {
-    const NormScale norm = norm_input();
-    if (w4.valid()) gemv_int4_swiglu(act_.get(), w4, xn_.get(), norm, stream_);
-    else gemv_swiglu(act_.get(), w16, xn_.get(), rows, cols, norm, stream_);
+void CudaLlama::linear_gemv_swiglu(const LinearWeight& W) {
+    ops_of(W).gemv_swiglu(act_.get(), W, xn_.get(), norm_input(), stream_);
 }
 
-void CudaLlama::linear_gemv_residual(const float* next_norm, const __half* w16, const Int4View& w4, const __half* x,
-                                     int rows, int cols) {
+void CudaLlama::linear_gemv_residual(const float* next_norm, const LinearWeight& W, const __half* x) {
     ResidualNorm r;
     r.x = x_.get();
     r.xg = xn_.get();
     r.g = next_norm;
     r.partials = norm_partials_.get();
     r.partials_capacity = static_cast<int>(norm_partials_.size());
-    if (w4.valid()) gemv_int4_residual(r, w4, x, stream_);
-    else gemv_residual(r, w16, x, rows, cols, stream_);
-    norm_count_ = w4.valid() ? gemv_int4_residual_partials(w4) : gemv_residual_partials(rows);  // the next norm's
+    ops_of(W).gemv_residual(r, W, x, stream_);
+    norm_count_ = ops_of(W).residual_partials(W);  // the next norm's
 }
 
 std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vector<float>* all_logits) {
@@ -85,7 +71,7 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
         if (t < 0 || t >= c_.vocab_size)
             throw InputError("token id " + std::to_string(t) + " outside the vocabulary [0, " +
                              std::to_string(c_.vocab_size) + ")");
-    const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kvd = c_.kv_dim();
+    const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
     const int C = static_cast<int>(d_tokens_.size());
@@ -124,27 +110,27 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             const Layer& L = layers_[l];
             const KvLayerView kv = kv_view(l);
             rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, T, H, eps, stream_);
-            linear_gemm(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), T, qd + 2 * kvd, H);
+            linear_gemm(qkv_.get(), L.qkv, xn_.get(), T);
             rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), T, c_.num_heads, rope, stream_);
             page_metadata_rebuild(kv, pos0 / quest_.page_size, (pos0 + T - 1) / quest_.page_size, pos0 + T, stream_);
             if (const PageCodesView cv = codes_view(l); cv.codes)  // the pages this chunk completed
                 page_codes_quantize(cv, kv, pos0 / quest_.page_size, (pos0 + T) / quest_.page_size - 1, pos0 + T,
                                     stream_);
             attention_prefill(att_.get(), q_.get(), kv, T, pos0, c_.num_heads, scale, stream_);
-            linear_gemm(proj_.get(), L.wo, L.o4, att_.get(), T, H, qd);
+            linear_gemm(proj_.get(), L.o, att_.get(), T);
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, T, H, eps, stream_);
-            linear_gemm(gu_.get(), L.wgu, L.gu4, xn_.get(), T, 2 * F, H);
+            linear_gemm(gu_.get(), L.gu, xn_.get(), T);
             swiglu_interleaved(act_.get(), gu_.get(), T, F, stream_);
-            linear_gemm(proj_.get(), L.wdown, L.down4, act_.get(), T, H, F);
+            linear_gemm(proj_.get(), L.down, act_.get(), T);
         }
         rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, T, H, eps, stream_);
         if (all_logits) {
-            gemm_cublas(cublas_, chunk_logits_.get(), lm_head_, xn_.get(), T, V, H, stream_);
+            linear_gemm(chunk_logits_.get(), lm_head_, xn_.get(), T);
             CUDA_CHECK(cudaMemcpyAsync(all_logits->data() + static_cast<size_t>(start) * V, chunk_logits_.get(),
                                        sizeof(float) * T * V, cudaMemcpyDeviceToHost, stream_));
         }
         if (start + T == n) {
-            gemv(logits_.get(), lm_head_, xn_.get() + static_cast<size_t>(T - 1) * H, V, H, stream_);
+            linear_gemv(logits_.get(), lm_head_, xn_.get() + static_cast<size_t>(T - 1) * H);
             CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_.get(), sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
         }
         advance_position(d_pos_.get(), T, stream_);
@@ -210,7 +196,7 @@ void CudaLlama::enqueue_attention(int l, float scale) {
 }
 
 void CudaLlama::enqueue_decode_step() {
-    const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kvd = c_.kv_dim();
+    const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
     profiler_.begin_step();
@@ -226,18 +212,18 @@ void CudaLlama::enqueue_decode_step() {
         mark("embedding + norm");
         for (int l = 0; l < c_.num_layers; ++l) {
             const Layer& L = layers_[l];
-            linear_gemv_scaled(qkv_.get(), L.wqkv, L.qkv4, qd + 2 * kvd, H);
+            linear_gemv_scaled(qkv_.get(), L.qkv);
             mark("gemv qkv (+norm)");
             enqueue_attention(l, scale);
-            linear_gemv_residual(L.mlp_norm, L.wo, L.o4, att_.get(), H, qd);
+            linear_gemv_residual(L.mlp_norm, L.o, att_.get());
             mark("gemv o (+residual, norm)");
-            linear_gemv_swiglu(L.wgu, L.gu4, 2 * F, H);
+            linear_gemv_swiglu(L.gu);
             mark("gemv gate+up (+swiglu)");
             const float* next_norm = l + 1 < c_.num_layers ? layers_[l + 1].attn_norm : final_norm_;
-            linear_gemv_residual(next_norm, L.wdown, L.down4, act_.get(), H, F);
+            linear_gemv_residual(next_norm, L.down, act_.get());
             mark("gemv down (+residual, norm)");
         }
-        gemv_scaled(logits_.get(), lm_head_, xn_.get(), V, H, norm_input(), stream_);
+        linear_gemv_scaled(logits_.get(), lm_head_);
         mark("gemv lm_head (+norm)");
     } else {
         embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);
@@ -246,23 +232,23 @@ void CudaLlama::enqueue_decode_step() {
             const Layer& L = layers_[l];
             rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
             mark("rms_norm");
-            linear_gemv(qkv_.get(), L.wqkv, L.qkv4, xn_.get(), qd + 2 * kvd, H);
+            linear_gemv(qkv_.get(), L.qkv, xn_.get());
             mark("gemv qkv");
             enqueue_attention(l, scale);
-            linear_gemv(proj_.get(), L.wo, L.o4, att_.get(), H, qd);
+            linear_gemv(proj_.get(), L.o, att_.get());
             mark("gemv o");
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
             mark("rms_norm");
-            linear_gemv(gu_.get(), L.wgu, L.gu4, xn_.get(), 2 * F, H);
+            linear_gemv(gu_.get(), L.gu, xn_.get());
             mark("gemv gate+up");
             swiglu_interleaved(act_.get(), gu_.get(), 1, F, stream_);
             mark("swiglu");
-            linear_gemv(proj_.get(), L.wdown, L.down4, act_.get(), H, F);
+            linear_gemv(proj_.get(), L.down, act_.get());
             mark("gemv down");
         }
         rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
         mark("rms_norm");
-        gemv(logits_.get(), lm_head_, xn_.get(), V, H, stream_);
+        linear_gemv(logits_.get(), lm_head_, xn_.get());
         mark("gemv lm_head");
     }
     advance_position(d_pos_.get(), 1, stream_);
@@ -305,7 +291,7 @@ std::span<const float> CudaLlama::decode(int token) {
 }
 
 size_t CudaLlama::decode_bytes() const {
-    return weight_bytes(c_, groups_) + static_cast<size_t>(quest_step_bytes_model(c_, quest_, pos_).first);
+    return weight_bytes(c_, layout_) + static_cast<size_t>(quest_step_bytes_model(c_, quest_, pos_).first);
 }
 
 }  // namespace quest

@@ -5,7 +5,7 @@
 #include <array>
 
 #include "kernels/linear/gemv.cuh"
-#include "kernels/linear/quant.h"
+#include "kernels/linear/linear.h"
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry.h"
 #include "kernels/select/registry_cuda.h"
@@ -17,20 +17,19 @@ constexpr size_t kAlign = 256;
 inline size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 inline double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0); }
 
-// Rows and columns of the fused linear matrices of a decoder layer: qkv, o, gate|up, down (LinearGroups order).
+// Rows and columns of the fused linear matrices of a decoder layer: qkv, o, gate|up, down (LinearLayout order).
 inline std::array<std::array<size_t, 2>, 4> linear_shapes(const ModelConfig& c) {
     const size_t H = c.hidden_size, F = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
     return {{{q + 2 * kv, H}, {H, q}, {2 * F, H}, {H, F}}};
 }
 
-// Device bytes of one linear matrix: FP16 (group 0) or int4 codes + fp16 scales + uint8 zero points.
-inline size_t linear_bytes(size_t rows, size_t cols, int group) {
-    if (group <= 0) return align_up(rows * cols * 2);
-    const size_t groups = rows * (cols / group);
-    return align_up(rows * cols / 2) + align_up(groups * 2) + align_up(groups);
+inline size_t linear_bytes(size_t rows, size_t cols, const LinearStorage& s) {
+    return linear_format(s.format).device_bytes(static_cast<int64_t>(rows), static_cast<int64_t>(cols), s);
 }
 
-inline size_t weight_bytes(const ModelConfig& c, const LinearGroups& g) {
+// Bytes of the weight arena (carve_weights' order): the embedding, per layer the four linear matrices and two
+// norms, the final norm, the lm_head when untied.
+inline size_t weight_bytes(const ModelConfig& c, const LinearLayout& g) {
     const size_t H = c.hidden_size, V = c.vocab_size;
     const auto shapes = linear_shapes(c);
     size_t total = 0;
@@ -64,13 +63,16 @@ inline MatchedBudget settings_match(const ModelConfig& c, const QuestSettings& q
     return matched_budget(q.metadata, c.head_dim, c.num_heads, c.num_kv_heads, q.gqa_policy);
 }
 
-// Elements of the largest int4 matrix (the prefill's FP16 dequantization scratch); 0 without int4.
-inline size_t largest_int4(const ModelConfig& c, const LinearGroups& g) {
+// FP16 elements of the prefill GEMMs' scratch: the largest LinearFormatOps::gemm_scratch of the layout (0 when
+// every matrix is FP16).
+inline size_t gemm_scratch_elements(const ModelConfig& c, const LinearLayout& g) {
     const auto shapes = linear_shapes(c);
     size_t n = 0;
     for (const auto& layer : g)
         for (int k = 0; k < 4; ++k)
-            if (layer[k] > 0) n = std::max(n, shapes[k][0] * shapes[k][1]);
+            n = std::max(n, linear_format(layer[k].format)
+                                .gemm_scratch(static_cast<int64_t>(shapes[k][0]), static_cast<int64_t>(shapes[k][1]),
+                                              layer[k]));
     return n;
 }
 

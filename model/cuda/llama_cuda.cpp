@@ -11,7 +11,7 @@
 #include "kernels/attention/attention_prefill.cuh"
 #include "kernels/common/elementwise.cuh"
 #include "kernels/linear/gemv.cuh"
-#include "kernels/linear/quant.h"
+#include "kernels/linear/linear.h"
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry.h"
@@ -31,8 +31,8 @@ using namespace cuda_layout;
 
 
 CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
-                     LinearGroups groups)
-    : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), profiler_(o.profile), groups_(std::move(groups)) {
+                     LinearLayout layout)
+    : c_(c), quest_(q), opts_(o), capacity_(0), max_pages_(0), profiler_(o.profile), layout_(std::move(layout)) {
     quest_.validate();
     if (!quest_.full_attention && !cuda_selector_ops(quest_.selector)) {
         std::string runs;
@@ -69,7 +69,7 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
     if (group != 1 && group != 2 && group != 3 && group != 4 && group != 8)
         throw InputError("the CUDA backend supports GQA group sizes 1, 2, 3, 4 and 8, got " + std::to_string(group));
 
-    plan_ = plan_memory(c_, quest_, capacity_, opts_, &groups_);
+    plan_ = plan_memory(c_, quest_, capacity_, opts_, &layout_);
     size_t free_b = 0, total_b = 0;
     CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
     const size_t limit = opts_.memory_limit ? opts_.memory_limit : free_b - std::min<size_t>(free_b, 512ull << 20);
@@ -117,33 +117,25 @@ CudaLlama::~CudaLlama() {
 }
 
 void CudaLlama::choose_decode_path() {
-    const int H = c_.hidden_size, F = c_.intermediate_size, qd = c_.q_dim();
-    // Why the fused decode step cannot run, or empty. Every matrix must have a fused kernel: FP16 with cols % 8 == 0
-    // (stories260K's 172-wide down projection runs the scalar GEMV), int4 with x in shared memory (cols up to ~24K).
+    // Why the fused decode step cannot run, or empty: every matrix's format must run the fused epilogues on it
+    // (FP16: cols % 8 == 0, so stories260K's 172-wide down projection runs the scalar GEMV; int4: x in shared memory,
+    // cols up to ~24K).
     std::string why;
-    auto check = [&](const __half* w16, const Int4View& w4, const __half* x, int cols, const char* what) {
+    auto check = [&](const LinearWeight& W, const __half* x, const char* what) {
         if (!why.empty()) return;
-        if (w4.valid()) {
-            if (!gemv_int4_fused_supported(w4))
-                why = std::string("int4 ") + what + ": " + std::to_string(w4.cols) +
-                      " columns, too wide for the fused GEMV";
-        } else if (!gemv_fused_supported(w16, x, cols)) {
-            why = std::string(what) + ": " + std::to_string(cols) + " columns, not a multiple of 8 (scalar GEMV)";
-        }
+        if (const std::string gap = ops_of(W).fused_gap(W, x); !gap.empty())
+            why = std::string(linear_format_name(W.storage.format)) + " " + what + ": " + gap;
     };
     int partials = 0;
     for (const Layer& L : layers_) {
-        check(L.wqkv, L.qkv4, xn_.get(), H, "qkv");
-        check(L.wo, L.o4, att_.get(), qd, "o");
-        check(L.wgu, L.gu4, xn_.get(), H, "gate+up");
-        check(L.wdown, L.down4, act_.get(), F, "down");
-        if (why.empty()) {
-            partials = std::max(partials, L.o4.valid() ? gemv_int4_residual_partials(L.o4) : gemv_residual_partials(H));
-            partials =
-                std::max(partials, L.down4.valid() ? gemv_int4_residual_partials(L.down4) : gemv_residual_partials(H));
-        }
+        check(L.qkv, xn_.get(), "qkv");
+        check(L.o, att_.get(), "o");
+        check(L.gu, xn_.get(), "gate+up");
+        check(L.down, act_.get(), "down");
+        if (why.empty())
+            partials = std::max({partials, ops_of(L.o).residual_partials(L.o), ops_of(L.down).residual_partials(L.down)});
     }
-    check(lm_head_, Int4View{}, xn_.get(), H, "lm_head");
+    check(lm_head_, xn_.get(), "lm_head");
     if (!opts_.fused_norms) why = "switched off (--fused-norms off)";
     fused_decode_ = why.empty();
     if (fused_decode_) {

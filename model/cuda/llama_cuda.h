@@ -12,9 +12,10 @@
 
 #include "model/core/backend.h"
 #include "model/io/model_folder.h"
+#include "model/io/weight_source.h"
 #include "kernels/attention/attention_decode.cuh"
 #include "kernels/common/device_buffer.h"
-#include "kernels/linear/gemv_int4.cuh"
+#include "kernels/linear/linear.h"
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry_cuda.h"
 #include "kernels/common/rope.cuh"
@@ -30,11 +31,10 @@ struct CudaOptions {
     size_t memory_limit = 0;    // bytes the plan may use; 0: what the device has free (minus a safety margin)
     bool profile = false;       // time kernel groups with events (eager launches, no graph): profile_report()
     bool quest_fused = false;   // Quest layers: quest_decode's fused scoring + top-k (default: the separate launches)
-    // Linear layers: 0 keeps the checkpoint's storage (the 4-bit layers of quest-int4 / AutoAWQ folders stay int4,
-    // fused dequantize + GEMV in the decode step); G > 0 stores every layer whose input dimension G divides in int4
-    // with group G (FP16 checkpoints are quantized on load, round-to-nearest; random weights are drawn as int4);
-    // -1 stores every layer in FP16 (4-bit layers dequantized).
-    int int4_group = 0;
+    // Storage of the linear layers (kernels/linear/format.h): as the checkpoint holds them (4-bit layers of
+    // quest-int4 / AutoAWQ folders in int4, fused dequantize + GEMV in the decode step), every layer FP16, or int4 with
+    // a group (FP16 checkpoints quantized on load, round-to-nearest; random weights drawn as int4).
+    WeightRequest weights;
     // Decode step: the RMSNorms, residual adds and SwiGLU in the epilogues of the GEMVs around them
     // (kernels/linear/gemv_epilogue.h) instead of the separate rms_norm / swiglu kernels (what the prefill runs), when every
     // linear matrix has a fused kernel; chosen once at load and logged (faster: docs/performance.md). false: the
@@ -52,11 +52,10 @@ struct SelectionTrace {
                                              // last page is always taken); empty at a dense step (P <= budget)
 };
 
-// Storage of the linear layers of each decoder layer on the device: [layer][qkv, o, gate|up, down], 0 for FP16,
-// else the int4 group size (kernels/linear/gemv_int4.cuh).
-using LinearGroups = std::vector<std::array<int, 4>>;
-// Every layer FP16 (int4_group <= 0), or int4 where the group divides the input dimension.
-LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group);
+// Storage of the linear matrices of each decoder layer on the device: [layer][qkv, o, gate|up, down].
+using LinearLayout = std::vector<std::array<LinearStorage, 4>>;
+// Every matrix FP16, or (request Int4) int4 where the group divides its input dimension: the layout of random weights.
+LinearLayout uniform_linear_layout(const ModelConfig& c, const WeightRequest& request);
 
 // Device memory the backend needs, computed before anything is allocated.
 struct MemoryPlan {
@@ -71,20 +70,19 @@ struct MemoryPlan {
         (k == Kind::Weights ? weights : k == Kind::KvCache ? kv_cache : k == Kind::Metadata ? metadata : workspace) += bytes;
     }
 };
-// groups: the linear layers' storage (null: uniform_linear_groups(c, o.int4_group)).
+// layout: the linear layers' storage (null: uniform_linear_layout(c, o.weights)).
 MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
-                       const LinearGroups* groups = nullptr);
+                       const LinearLayout* layout = nullptr);
 
 class CudaLlama final : public Backend {
 public:
-    // Weights from a model folder (F32, F16 or BF16 in the files; FP16 on the device; values beyond the FP16 range
-    // are clamped to +-65504 and reported, never turned into inf). Linear layers stored in 4 bits (quest-int4 or
-    // AutoAWQ GEMM, model/io/quantize.h) stay int4 on the device; see CudaOptions::int4_group. A GGUF model's
-    // tensors are dequantized to fp32 on the host, then held in FP16 (or, with int4_group > 0, its linear layers
-    // quantized to int4 on load where the group divides their input dimension).
+    // Weights from a model folder or GGUF file (model/io/weight_source.h): float tensors in FP16 on the device
+    // (values beyond the FP16 range are clamped to +-65504 and reported, never turned into inf); linear layers in the
+    // storage CudaOptions::weights chooses (4-bit layers of quest-int4 / AutoAWQ folders stay int4 by default). A
+    // GGUF model's tensors are dequantized to fp32 on the host first.
     static std::unique_ptr<CudaLlama> from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts = {});
-    // Random FP16 (or, with opts.int4_group > 0, int4) weights generated on the device (benchmarks of large shapes
+    // Random FP16 (or, with opts.weights int4, int4) weights generated on the device (benchmarks of large shapes
     // without a checkpoint).
     static std::unique_ptr<CudaLlama> random(const ModelConfig& config, const QuestSettings& quest, int capacity,
                                              uint64_t seed, const CudaOptions& opts = {});
@@ -120,17 +118,16 @@ public:
     SelectionTrace last_selection(int layer) const;
 
 private:
-    CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearGroups groups);
+    CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o, LinearLayout layout);
     // Every device buffer, for plan_memory (self null) and allocate() (memory_plan.cpp).
     template <class F>
     static void for_each_buffer(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
-                                const LinearGroups& g, CudaLlama* self, F&& f);
+                                const LinearLayout& g, CudaLlama* self, F&& f);
     friend MemoryPlan plan_memory(const ModelConfig&, const QuestSettings&, int, const CudaOptions&,
-                                  const LinearGroups*);
+                                  const LinearLayout*);
     void allocate();
     void carve_weights();
-    void load_weights(const ModelFolder& model);
-    void load_weights_gguf(const GgufFile& f);  // a GGUF model: each tensor dequantized on the host (weights.cpp)
+    void load_weights(const WeightSource& source);  // weights.cpp
     void randomize_weights(uint64_t seed);
     void enqueue_decode_step();  // every kernel of one decode step on stream_
     void enqueue_attention(int l, float scale);  // decode: RoPE + KV append and the attention of layer l
@@ -138,25 +135,21 @@ private:
     void mark(const char* what);  // profiling: an event after the kernels of `what`
 
     struct Layer {
-        __half* wqkv = nullptr;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)
-        __half* wo = nullptr;     // [hidden][q_dim]
-        __half* wgu = nullptr;    // [2 intermediate][hidden]    rows interleaved: 2i = gate_proj i, 2i + 1 = up_proj i
-        __half* wdown = nullptr;  // [hidden][intermediate]
+        LinearWeight qkv;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)
+        LinearWeight o;     // [hidden][q_dim]
+        LinearWeight gu;    // [2 intermediate][hidden]    rows interleaved: 2i = gate_proj i, 2i + 1 = up_proj i
+        LinearWeight down;  // [hidden][intermediate]
         float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
         float* mlp_norm = nullptr;   // [hidden]
-        // The same matrices in int4 (the FP16 pointer above is null then): qkv4 [q_dim + 2 kv_dim][hidden],
-        // o4 [hidden][q_dim], gu4 [2 intermediate][hidden] (rows interleaved as wgu), down4 [hidden][intermediate].
-        Int4View qkv4, o4, gu4, down4;
     };
-    // y = W x (decode) and Y = X W^T (prefill; int4 weights are dequantized into dequant_scratch_ first).
-    void linear_gemv(float* y, const __half* w16, const Int4View& w4, const __half* x, int rows, int cols);
-    void linear_gemm(float* Y, const __half* w16, const Int4View& w4, const __half* X, int T, int rows, int cols);
-    // The fused decode GEMVs (kernels/linear/gemv_epilogue.h): FP16 or int4 by the matrix's storage.
+    // The linear matrices through their format's ops (kernels/linear/linear.h): y = W x (decode), Y = X W^T
+    // (prefill), and the fused decode GEMVs (kernels/linear/gemv_epilogue.h).
+    void linear_gemv(float* y, const LinearWeight& W, const __half* x);
+    void linear_gemm(float* Y, const LinearWeight& W, const __half* X, int T);
     NormScale norm_input() const;  // the fused step's next norm: norm_partials_[0 .. norm_count_)
-    void linear_gemv_scaled(float* y, const __half* w16, const Int4View& w4, int rows, int cols);
-    void linear_gemv_swiglu(const __half* w16, const Int4View& w4, int rows, int cols);
-    void linear_gemv_residual(const float* next_norm, const __half* w16, const Int4View& w4, const __half* x, int rows,
-                              int cols);
+    void linear_gemv_scaled(float* y, const LinearWeight& W);
+    void linear_gemv_swiglu(const LinearWeight& W);
+    void linear_gemv_residual(const float* next_norm, const LinearWeight& W, const __half* x);
 
     ModelConfig c_;
     QuestSettings quest_;
@@ -179,10 +172,10 @@ private:
     // Device memory.
     DeviceBuffer<char> weight_arena_;
     std::vector<Layer> layers_;
-    LinearGroups groups_;                  // storage of each layer's linear matrices (0: FP16, else int4 group)
-    DeviceBuffer<__half> dequant_scratch_;  // [largest int4 matrix] FP16, for the prefill GEMMs
+    LinearLayout layout_;                   // storage of each layer's linear matrices
+    DeviceBuffer<__half> gemm_scratch_;     // the prefill GEMMs' FP16 expansion of a non-FP16 matrix (gemm_scratch)
     __half* embed_ = nullptr;     // [vocab][hidden]
-    __half* lm_head_ = nullptr;   // [vocab][hidden] (== embed_ when tied)
+    LinearWeight lm_head_;        // [vocab][hidden] FP16 (the embedding's bytes when tied)
     float* final_norm_ = nullptr;
     DeviceBuffer<__half> k_cache_, v_cache_, kmin_, kmax_;  // [layers][kv_heads][capacity or pages][head_dim]
     // Page codes of the Quest layers (dense_layers .. layers-1), when the metadata format is int8 / int4.

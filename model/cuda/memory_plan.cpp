@@ -36,13 +36,13 @@ std::string MemoryPlan::describe() const {
     return buf;
 }
 
-LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group) {
-    LinearGroups g(c.num_layers, {0, 0, 0, 0});
-    if (int4_group <= 0) return g;
+LinearLayout uniform_linear_layout(const ModelConfig& c, const WeightRequest& request) {
     const auto shapes = linear_shapes(c);
+    const LinearStorage stored[] = {LinearStorage::f16()};
+    LinearLayout g(c.num_layers);
     for (auto& layer : g)
-        for (int k = 0; k < 4; ++k)
-            if (int4_quantizable(static_cast<int>(shapes[k][1]), int4_group)) layer[k] = int4_group;
+        for (int k = 0; k < 4; ++k) layer[k] = choose_linear_storage(request, stored, static_cast<int64_t>(shapes[k][0]),
+                                          static_cast<int64_t>(shapes[k][1]));
     return g;
 }
 
@@ -53,7 +53,7 @@ LinearGroups uniform_linear_groups(const ModelConfig& c, int int4_group) {
 // fp32) and cuBLAS's own workspace (the plan's slack).
 template <class F>
 void CudaLlama::for_each_buffer(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
-                                const LinearGroups& g, CudaLlama* self, F&& f) {
+                                const LinearLayout& g, CudaLlama* self, F&& f) {
     using K = MemoryPlan::Kind;
     auto* b = self;
     const size_t H = c.hidden_size, F_ = c.intermediate_size, V = c.vocab_size, qd = c.q_dim(), kv = c.kv_dim();
@@ -61,7 +61,7 @@ void CudaLlama::for_each_buffer(const ModelConfig& c, const QuestSettings& q, in
     const int max_pages = (capacity + q.page_size - 1) / q.page_size;
     const size_t tokens = static_cast<size_t>(max_pages) * q.page_size;
     f(K::Weights, weight_bytes(c, g), b ? &b->weight_arena_ : nullptr);
-    f(K::Workspace, largest_int4(c, g), b ? &b->dequant_scratch_ : nullptr);  // the prefill's FP16 dequantization
+    f(K::Workspace, gemm_scratch_elements(c, g), b ? &b->gemm_scratch_ : nullptr);  // the prefill's FP16 expansion
     // KV cache and page metadata.
     for (auto* t : {b ? &b->k_cache_ : nullptr, b ? &b->v_cache_ : nullptr}) f(K::KvCache, L * NKV * tokens * D, t);
     for (auto* t : {b ? &b->kmin_ : nullptr, b ? &b->kmax_ : nullptr}) f(K::Metadata, L * NKV * max_pages * D, t);
@@ -109,10 +109,10 @@ void CudaLlama::for_each_buffer(const ModelConfig& c, const QuestSettings& q, in
 }
 
 MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
-                       const LinearGroups* groups) {
-    const LinearGroups uniform = groups ? LinearGroups{} : uniform_linear_groups(c, o.int4_group);
+                       const LinearLayout* layout) {
+    const LinearLayout uniform = layout ? LinearLayout{} : uniform_linear_layout(c, o.weights);
     MemoryPlan p;
-    CudaLlama::for_each_buffer(c, q, capacity, o, groups ? *groups : uniform, nullptr,
+    CudaLlama::for_each_buffer(c, q, capacity, o, layout ? *layout : uniform, nullptr,
                                [&](MemoryPlan::Kind k, size_t count, auto* target) {
                                    using T = typename std::remove_pointer_t<decltype(target)>::value_type;
                                    p.add(k, count * sizeof(T));
@@ -123,13 +123,13 @@ MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacit
 
 size_t CudaLlama::buffer_bytes() const {
     size_t total = 0;
-    for_each_buffer(c_, quest_, capacity_, opts_, groups_, const_cast<CudaLlama*>(this),
+    for_each_buffer(c_, quest_, capacity_, opts_, layout_, const_cast<CudaLlama*>(this),
                     [&](MemoryPlan::Kind, size_t, auto* target) { total += target->bytes(); });
     return total + chunk_logits_.bytes();
 }
 
 void CudaLlama::allocate() {
-    for_each_buffer(c_, quest_, capacity_, opts_, groups_, this, [](MemoryPlan::Kind, size_t count, auto* target) {
+    for_each_buffer(c_, quest_, capacity_, opts_, layout_, this, [](MemoryPlan::Kind, size_t count, auto* target) {
         using T = typename std::remove_pointer_t<decltype(target)>::value_type;
         if (count) *target = DeviceBuffer<T>(count);
     });
@@ -174,42 +174,38 @@ void CudaLlama::allocate() {
     reset();
 }
 
-// The weight arena carved in file order: a linear matrix is FP16, or (group > 0) int4 codes, scales and zero points
-// (the FP16 pointer stays null).
+// The weight arena carved in file order: each linear matrix takes its format's device bytes.
 void CudaLlama::carve_weights() {
-    const size_t H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size, qd = c_.q_dim(), kv = c_.kv_dim();
+    const size_t H = c_.hidden_size, V = c_.vocab_size;
+    const auto shapes = linear_shapes(c_);
     char* p = weight_arena_.get();
     auto take = [&](size_t bytes) {
         char* r = p;
         p += align_up(bytes);
         return r;
     };
-    auto take_linear = [&](__half*& w16, Int4View& w4, size_t rows, size_t cols, int group) {
-        if (group <= 0) {
-            w16 = reinterpret_cast<__half*>(take(rows * cols * 2));
-            return;
-        }
-        const size_t groups = rows * (cols / group);
-        w4.qweight = reinterpret_cast<const uint32_t*>(take(rows * cols / 2));
-        w4.scales = reinterpret_cast<const __half*>(take(groups * 2));
-        w4.zeros = reinterpret_cast<const uint8_t*>(take(groups));
-        w4.rows = static_cast<int>(rows);
-        w4.cols = static_cast<int>(cols);
-        w4.group = group;
+    auto take_linear = [&](LinearWeight& w, int k, const LinearStorage& s) {
+        w.storage = s;
+        w.rows = static_cast<int>(shapes[k][0]);
+        w.cols = static_cast<int>(shapes[k][1]);
+        w.data = take(linear_bytes(shapes[k][0], shapes[k][1], s));
     };
     embed_ = reinterpret_cast<__half*>(take(V * H * 2));
     layers_.resize(c_.num_layers);
     for (size_t i = 0; i < layers_.size(); ++i) {
         Layer& l = layers_[i];
-        take_linear(l.wqkv, l.qkv4, qd + 2 * kv, H, groups_[i][0]);
-        take_linear(l.wo, l.o4, H, qd, groups_[i][1]);
-        take_linear(l.wgu, l.gu4, 2 * F, H, groups_[i][2]);
-        take_linear(l.wdown, l.down4, H, F, groups_[i][3]);
+        take_linear(l.qkv, 0, layout_[i][0]);
+        take_linear(l.o, 1, layout_[i][1]);
+        take_linear(l.gu, 2, layout_[i][2]);
+        take_linear(l.down, 3, layout_[i][3]);
         l.attn_norm = reinterpret_cast<float*>(take(H * 4));
         l.mlp_norm = reinterpret_cast<float*>(take(H * 4));
     }
     final_norm_ = reinterpret_cast<float*>(take(H * 4));
-    lm_head_ = c_.tie_word_embeddings ? embed_ : reinterpret_cast<__half*>(take(V * H * 2));
+    lm_head_.storage = LinearStorage::f16();
+    lm_head_.rows = c_.vocab_size;
+    lm_head_.cols = c_.hidden_size;
+    lm_head_.data = c_.tie_word_embeddings ? reinterpret_cast<char*>(embed_) : take(V * H * 2);
     QUEST_REQUIRE(p <= weight_arena_.get() + weight_arena_.size(), "carve_weights: the arena is smaller than its layout");
 }
 

@@ -95,14 +95,6 @@ void bench_gemv() {
         });
         report(std::string("gemv own    ") + s.name, t_own, bytes);
         report(std::string("gemv cuBLAS ") + s.name, t_cublas, bytes);
-        for (int v = 1; v < gemv_variant_count(); ++v) {
-            const double t = time_ms([&](int i) {
-                const int c = i % copies;
-                gemv_variant(v, y.get() + size_t(c) * s.rows, W.get() + n * c, x.get() + size_t(c) * s.cols, s.rows,
-                             s.cols, nullptr);
-            });
-            report(std::string("  variant ") + gemv_variant_name(v) + " " + s.name, t, bytes);
-        }
     }
     cublasDestroy(h);
 }

@@ -52,11 +52,11 @@ struct Matrix {
         if (grp > 0) w4 = std::make_unique<DeviceInt4>(quantize_int4(W.data(), r, c, grp));
         else w16 = upload(to_half(W));
     }
-    // The unfused GEMV (the same kernel as the fused one: variant 0, or gemv_int4, whose auto rule the fused
-    // int4 epilogues follow).
+    // The unfused GEMV (the same kernel as the fused one: gemv's vector kernel on these aligned shapes, or gemv_int4,
+    // whose auto rule the fused int4 epilogues follow).
     void gemv(float* y, const __half* x, cudaStream_t s) const {
         if (w4) gemv_int4(y, w4->view, x, s);
-        else gemv_variant(0, y, w16.get(), x, rows, cols, s);
+        else ::quest::gemv(y, w16.get(), x, rows, cols, s);
     }
     void scaled(float* y, const __half* xg, const NormScale& n, cudaStream_t s) const {
         if (w4) gemv_int4_scaled(y, w4->view, xg, n, s);
@@ -440,7 +440,7 @@ TEST(CudaFused, ModelDecodeStepEqualsTheSeparateKernels) {
         for (int group : {0, 128}) {
             SCOPED_TRACE(std::string(group ? "int4 " : "fp16 ") + std::string(gqa_policy_name(policy)));
             CudaOptions fused, separate;
-            fused.int4_group = separate.int4_group = group;
+            fused.weights = separate.weights = group ? WeightRequest::int4(group) : WeightRequest::as_stored();
             fused.record_selections = separate.record_selections = true;
             separate.fused_norms = false;
             QuestSettings q;

@@ -456,8 +456,8 @@ TEST(CudaInt4Model, AwqFixtureMatchesTransformers) {
     }
 }
 
-// Quantizing on load (CudaOptions::int4_group) gives exactly the weights of the quantized folder: the same logits
-// (to 1e-6), eager or replayed from the graph. Forcing FP16 (-1) on the quantized folder runs the FP16 path on the
+// Quantizing on load (CudaOptions::weights int4) gives exactly the weights of the quantized folder: the same logits
+// (to 1e-6), eager or replayed from the graph. Forcing FP16 on the quantized folder runs the FP16 path on the
 // dequantized weights (FP16 tolerance).
 TEST(CudaInt4Model, QuantizeOnLoadEqualsTheQuantizedFolder) {
     QUEST_REQUIRE_GPU();
@@ -467,9 +467,9 @@ TEST(CudaInt4Model, QuantizeOnLoadEqualsTheQuantizedFolder) {
     qo.group = 64;
     quantize_model(src, dir, qo);
     const auto prompt = read_ids(src / "reference.safetensors", "prompt_ids");
-    auto run = [&](const std::filesystem::path& folder, int int4_group, bool graph) {
+    auto run = [&](const std::filesystem::path& folder, WeightRequest weights, bool graph) {
         CudaOptions o;
-        o.int4_group = int4_group;
+        o.weights = weights;
         o.graph = graph;
         auto b = CudaLlama::from_folder(open_model_folder(folder), full(), 64, o);
         b->prefill(prompt);
@@ -480,8 +480,10 @@ TEST(CudaInt4Model, QuantizeOnLoadEqualsTheQuantizedFolder) {
         }
         return out;
     };
-    const auto stored = run(dir, 0, true), on_load = run(src, 64, true), eager = run(dir, 0, false);
-    const auto fp16 = run(dir, -1, true);
+    const WeightRequest as_stored = WeightRequest::as_stored();
+    const auto stored = run(dir, as_stored, true), on_load = run(src, WeightRequest::int4(64), true),
+               eager = run(dir, as_stored, false);
+    const auto fp16 = run(dir, WeightRequest::f16(), true);
     for (size_t t = 0; t < stored.size(); ++t) {
         EXPECT_LE(rel_err(on_load[t], stored[t]), 1e-6) << t;
         EXPECT_LE(rel_err(eager[t], stored[t]), 1e-6) << "graph replay and eager launches run the same kernels " << t;
@@ -534,7 +536,7 @@ TEST(CudaInt4Model, RandomInt4WeightsAtLlama7BShapes) {
             "vocab_size": 32000, "max_position_embeddings": 4096})",
         "inline");
     CudaOptions o;
-    o.int4_group = 128;
+    o.weights = WeightRequest::int4(128);
     QuestSettings q;
     q.budget = 256;
     q.dense_layers = 1;

@@ -23,7 +23,7 @@ TEST(CudaMemoryPlan, AllocationIsThePlan) {
     std::vector<Case> cases(6);
     cases[0].what = "fp16 quest";
     cases[1].what = "int4 quest";
-    cases[1].o.int4_group = 128;
+    cases[1].o.weights = WeightRequest::int4(128);
     cases[2].what = "full attention";
     cases[2].q.full_attention = true;
     cases[3].what = "oracle";

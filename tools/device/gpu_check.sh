@@ -1,7 +1,7 @@
 #!/bin/bash
 # One call on the GPU machine (the device tool), from the repository root, with .device-bin and .device-deps carried
 # (tools/device/stage.sh prepares them). Stages (default: all): tests sanitizer kernels bench fixtures; others on
-# request: int4, profile, hf, quest, eval, ab (below).
+# request: seam, int4, profile, hf, quest, eval, ab (below).
 # Logs and JSON go to $OUT; a short table is printed last.
 #
 #   ab     whole decode steps of the old binary (.device-old/quest: `tools/device/stage.sh --old` before the change)
@@ -45,7 +45,7 @@ for s in $stages; do
       ;;
     sanitizer)
       # memcheck on small models and kernels (slow under the tool: small cases only)
-      filter='SelectorSeamCuda.*:CudaMemoryPlan.*:CudaHfParity.*:CudaModel.Stories*:CudaModel.QuestSmall*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches'
+      filter='SelectorSeamCuda.*:CudaMemoryPlan.*:CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches'
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
         > "$OUT/memcheck.log" 2>&1
       rc=$?
@@ -55,6 +55,14 @@ for s in $stages; do
         > "$OUT/racecheck.log" 2>&1
       rc=$?
       summary+=("racecheck: rc=$rc $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUT/racecheck.log" | tail -1)")
+      ;;
+    seam)
+      # memcheck on the seam harness (tests/cuda/test_seam_parity.cpp): every format at the small shapes, every
+      # registered selector on the demo model
+      timeout 300 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" \
+        --gtest_filter='Shapes/FormatParity.*/3:Shapes/FormatParity.*/4:Shapes/FormatParity.*/5:SelectorParity.*' \
+        > "$OUT/memcheck-seam.log" 2>&1
+      summary+=("seam memcheck: rc=$? $(grep -E 'ERROR SUMMARY' "$OUT/memcheck-seam.log" | tail -1)")
       ;;
     kernels)
       "$BIN/quest_kernel_bench" --json "$OUT/kernels.json" 2>&1 | tee "$OUT/kernels.log"
