@@ -113,7 +113,7 @@ SpmGgufTokenizer::SpmGgufTokenizer(SpmVocab vocab) : v_(std::move(vocab)) {
     if (n_byte > 0 && n_byte < 256) {
         int missing = 0;
         while (byte_token[missing] >= 0) ++missing;
-        char buf[8];
+        char buf[16];
         std::snprintf(buf, sizeof buf, "<0x%02X>", missing);
         fail("tokenizer.ggml.tokens", "byte token " + std::string(buf) + " missing (the vocabulary has " +
                                           std::to_string(n_byte) + " byte tokens, type 6; byte fallback needs all 256)");
