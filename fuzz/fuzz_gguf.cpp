@@ -1,6 +1,6 @@
 // libFuzzer target: GgufFile::from_memory on arbitrary bytes, then everything a caller does with an accepted file:
 // dequantize every tensor of a supported type, convert Q4_0 / Q4_1 matrices to int4, map the Llama metadata and
-// load the Llama weights.
+// load the Llama weights; build the tokenizer of its vocabulary and run it (encode, decode, stream).
 //
 // Any input must either be rejected with InputError or give tensors that satisfy what the validation promises
 // (checked here, so that a wrong acceptance is a finding too, not only a crash): every tensor's bytes lie inside the
@@ -16,6 +16,7 @@
 #include "model/io/gguf.h"
 #include "model/io/gguf_model.h"
 #include "model/io/gguf_quants.h"
+#include "tokenizer/tokenizer.h"
 
 using namespace quest;
 
@@ -76,6 +77,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     try {
         const ModelConfig c = gguf_model_config(*f);
         (void)load_llama_weights_f32_gguf(*f, c);
+    } catch (const InputError&) {
+    }
+    try {
+        const auto tok = gguf_tokenizer(*f);
+        const std::string text(reinterpret_cast<const char*>(data), std::min<size_t>(size, 64));
+        for (const std::string& t : {std::string("Hello  world\n\xe6\x97\xa5 \xff"), text}) {
+            std::vector<int> ids;
+            try {
+                ids = tok->encode(t, true);
+            } catch (const InputError&) {  // no BOS / EOS id where add_bos_token / add_eos_token ask for one
+                ids = tok->encode(t, false);
+            }
+            for (int id : ids) FUZZ_CHECK(id >= 0 && id < tok->vocab_size());
+            StreamingDecoder dec(*tok);
+            std::string streamed;
+            for (int id : ids) streamed += dec.push(id);
+            streamed += dec.flush();
+            FUZZ_CHECK(streamed == tok->decode(ids));
+        }
     } catch (const InputError&) {
     }
     return 0;

@@ -6,6 +6,7 @@
 #include <sentencepiece_processor.h>
 
 #include "kernels/common/error.h"
+#include "tokenizer/spm_decode.h"
 #include "tokenizer/utf8.h"
 
 namespace quest {
@@ -13,7 +14,7 @@ namespace quest {
 namespace {
 
 constexpr std::string_view kSpaceSymbol = "\xe2\x96\x81";  // U+2581, SentencePiece's escaped space
-using utf8::kReplacement;
+using Kind = SpmDecodeTable::Kind;
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Minimal protobuf reader. The decoder's first-space rule depends on two NormalizerSpec flags, but Debian's
@@ -128,33 +129,33 @@ SentencePieceTokenizer::SentencePieceTokenizer(const std::filesystem::path& mode
     if (!status.ok())
         throw InputError(name + " is not a valid SentencePiece model (" + status.ToString() + ")");
 
-    if (!read_normalizer_flags(sp_->serialized_model_proto(), strip_first_ws_, remove_extra_ws_))
+    if (!read_normalizer_flags(sp_->serialized_model_proto(), dec_.strip_first_ws, dec_.remove_extra_ws))
         throw InputError(name + ": malformed normalizer_spec in the model protobuf");
-    strip_first_ws_ = strip_first_ws_ || remove_extra_ws_;
+    dec_.strip_first_ws = dec_.strip_first_ws || dec_.remove_extra_ws;
 
     const int n = sp_->GetPieceSize();
     if (n <= 0) throw InputError(name + " has an empty vocabulary");
-    kind_.resize(n);
-    bytes_.resize(n);
-    leading_ws_.resize(n);
+    dec_.kind.resize(n);
+    dec_.bytes.resize(n);
+    dec_.leading_ws.resize(n);
     for (int id = 0; id < n; ++id) {
         const std::string& p = sp_->IdToPiece(id);
         if (sp_->IsControl(id)) {
-            kind_[id] = Kind::Control;
+            dec_.kind[id] = Kind::Control;
         } else if (sp_->IsUnknown(id)) {
-            kind_[id] = Kind::Unknown;
-            bytes_[id] = sp_->DecodeIds({id});  // the unk_surface of the trainer spec, " \u2047 " by default
+            dec_.kind[id] = Kind::Unknown;
+            dec_.bytes[id] = sp_->DecodeIds({id});  // the unk_surface of the trainer spec, " \u2047 " by default
         } else if (sp_->IsByte(id)) {
-            kind_[id] = Kind::Byte;
+            dec_.kind[id] = Kind::Byte;
             uint8_t b = 0;
             if (!utf8::parse_byte_piece(p, b))
                 throw InputError(name + ": byte piece " + std::to_string(id) + " is \"" + p +
                                  "\", expected the form <0xNN>");
-            bytes_[id] = std::string(1, static_cast<char>(b));
+            dec_.bytes[id] = std::string(1, static_cast<char>(b));
         } else {
-            kind_[id] = Kind::Normal;
-            bytes_[id] = replace_all(p, kSpaceSymbol, " ");
-            leading_ws_[id] = p.starts_with(kSpaceSymbol);
+            dec_.kind[id] = Kind::Normal;
+            dec_.bytes[id] = replace_all(p, kSpaceSymbol, " ");
+            dec_.leading_ws[id] = p.starts_with(kSpaceSymbol);
         }
     }
 }
@@ -163,11 +164,7 @@ SentencePieceTokenizer::~SentencePieceTokenizer() = default;
 SentencePieceTokenizer::SentencePieceTokenizer(SentencePieceTokenizer&&) noexcept = default;
 SentencePieceTokenizer& SentencePieceTokenizer::operator=(SentencePieceTokenizer&&) noexcept = default;
 
-void SentencePieceTokenizer::check_id(int id) const {
-    if (id < 0 || id >= vocab_size())
-        throw InputError("token id " + std::to_string(id) + " is out of range for tokenizer file " + file_.string() +
-                         " (expected 0 <= id < " + std::to_string(vocab_size()) + ")");
-}
+void SentencePieceTokenizer::check_id(int id) const { dec_.check_id(id, file_); }
 
 std::vector<int> SentencePieceTokenizer::encode(std::string_view text, bool add_bos) const {
     std::vector<int> ids;
@@ -195,7 +192,7 @@ std::string SentencePieceTokenizer::decode(std::span<const int> ids) const {
 
 std::string SentencePieceTokenizer::token_bytes(int id) const {
     check_id(id);
-    return bytes_[id];
+    return dec_.bytes[id];
 }
 
 std::string SentencePieceTokenizer::piece(int id) const {
@@ -203,115 +200,18 @@ std::string SentencePieceTokenizer::piece(int id) const {
     return sp_->IdToPiece(id);
 }
 
-int SentencePieceTokenizer::vocab_size() const { return static_cast<int>(kind_.size()); }
+int SentencePieceTokenizer::vocab_size() const { return dec_.size(); }
 int SentencePieceTokenizer::bos_id() const { return sp_->bos_id(); }
 int SentencePieceTokenizer::eos_id() const { return sp_->eos_id(); }
 
 bool SentencePieceTokenizer::is_control(int id) const {
     check_id(id);
-    return kind_[id] == Kind::Control;
+    return dec_.kind[id] == Kind::Control;
 }
 
 bool SentencePieceTokenizer::is_byte(int id) const {
     check_id(id);
-    return kind_[id] == Kind::Byte;
-}
-
-// ---------------------------------------------------------------------------------------------------------------------
-// SentencePieceStream: replays SentencePieceProcessor::Decode (sentencepiece_processor.cc) one token at a time.
-// SentencePiece collects runs of byte pieces and converts each run at its end, one U+FFFD per byte that does not
-// start a valid character; here the valid characters and the bytes known to be bad leave as soon as they are known,
-// which gives the same text. For each non-byte piece it first sets is_bos_ws = false when the previous non-byte
-// piece dropped a leading U+2581 or some text has been produced, then drops the leading U+2581 of a normal piece
-// while is_bos_ws holds (when the normalizer adds a dummy prefix or removes extra whitespace).
-// ---------------------------------------------------------------------------------------------------------------------
-
-class SentencePieceStream final : public TokenStream {
-public:
-    explicit SentencePieceStream(const SentencePieceTokenizer& tok);
-    std::string push(int id) override;
-    std::string flush() override;
-    void reset() override;
-
-private:
-    std::string drain();  // emits the complete and the known-bad characters at the front of pending_
-
-    const SentencePieceTokenizer* tok_;
-    std::string pending_;       // bytes of an incomplete UTF-8 character (at most 3)
-    bool at_start_ = true;      // SentencePiece's is_bos_ws: the next text piece may lose its leading U+2581
-    bool bos_ws_seen_ = false;  // the last non-byte piece had its leading U+2581 dropped
-    bool emitted_ = false;      // some text has been returned since the start
-};
-
-SentencePieceStream::SentencePieceStream(const SentencePieceTokenizer& tok) : tok_(&tok) {}
-
-std::string SentencePieceStream::drain() {
-    std::string out;
-    size_t i = 0;
-    while (i < pending_.size()) {
-        const auto lead = static_cast<uint8_t>(pending_[i]);
-        const int n = utf8::length(lead);
-        bool bad = n == 0;
-        int have = 1;
-        for (; !bad && have < n && i + have < pending_.size(); ++have)
-            bad = !utf8::continues(lead, have, static_cast<uint8_t>(pending_[i + have]));
-        if (bad) {  // the byte at i can never start a valid character; what follows it is looked at afresh
-            out += kReplacement;
-            ++i;
-        } else if (have == n) {
-            out.append(pending_, i, n);
-            i += n;
-        } else {
-            break;  // a proper prefix of a valid character: wait for more bytes
-        }
-    }
-    pending_.erase(0, i);
-    return out;
-}
-
-std::string SentencePieceStream::push(int id) {
-    tok_->check_id(id);
-    const auto kind = tok_->kind_[id];
-    if (kind == SentencePieceTokenizer::Kind::Byte) {
-        pending_ += tok_->bytes_[id];
-        std::string out = drain();
-        emitted_ = emitted_ || !out.empty();
-        return out;
-    }
-
-    // A non-byte token ends the run of byte pieces: a held-back prefix will never complete.
-    std::string out;
-    for (size_t k = 0; k < pending_.size(); ++k) out += kReplacement;
-    pending_.clear();
-    emitted_ = emitted_ || !out.empty();
-    if (bos_ws_seen_ || emitted_) at_start_ = false;
-
-    bool dropped_ws = false;
-    std::string_view text = tok_->bytes_[id];  // "" for control tokens, the unk surface for unknown ones
-    if (kind == SentencePieceTokenizer::Kind::Normal && at_start_ && tok_->strip_first_ws_ && tok_->leading_ws_[id]) {
-        text.remove_prefix(1);  // the ' ' that came from the leading U+2581
-        // With remove_extra_whitespaces SentencePiece keeps looking for a leading space until text appears.
-        dropped_ws = !tok_->remove_extra_ws_;
-    }
-    bos_ws_seen_ = dropped_ws;
-    out += text;
-    emitted_ = emitted_ || !out.empty();
-    return out;
-}
-
-std::string SentencePieceStream::flush() {
-    std::string out;
-    for (size_t k = 0; k < pending_.size(); ++k) out += kReplacement;
-    pending_.clear();
-    emitted_ = emitted_ || !out.empty();
-    return out;
-}
-
-void SentencePieceStream::reset() {
-    pending_.clear();
-    at_start_ = true;
-    bos_ws_seen_ = false;
-    emitted_ = false;
+    return dec_.kind[id] == Kind::Byte;
 }
 
 std::vector<int> SentencePieceTokenizer::end_of_turn_ids() const {
@@ -326,8 +226,6 @@ std::optional<int> SentencePieceTokenizer::token_id(std::string_view piece) cons
     return id;
 }
 
-std::unique_ptr<TokenStream> SentencePieceTokenizer::make_stream() const {
-    return std::make_unique<SentencePieceStream>(*this);
-}
+std::unique_ptr<TokenStream> SentencePieceTokenizer::make_stream() const { return make_spm_stream(dec_, file_); }
 
 }  // namespace quest

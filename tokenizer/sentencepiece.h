@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/spm_decode.h"
 #include "tokenizer/tokenizer.h"
 
 namespace sentencepiece {
@@ -58,19 +59,11 @@ public:
     std::unique_ptr<TokenStream> make_stream() const override;
 
 private:
-    friend class SentencePieceStream;
-    enum class Kind : uint8_t { Normal, Control, Unknown, Byte };
-
     void check_id(int id) const;  // InputError unless 0 <= id < vocab_size()
 
     std::filesystem::path file_;  // named in error messages
     std::unique_ptr<sentencepiece::SentencePieceProcessor> sp_;
-    // Per-id tables built at load, so that streaming needs no SentencePiece call per token.
-    std::vector<Kind> kind_;
-    std::vector<std::string> bytes_;     // token_bytes() of each id
-    std::vector<uint8_t> leading_ws_;    // 1 when the piece starts with U+2581 (its bytes then start with ' ')
-    bool strip_first_ws_ = true;         // normalizer add_dummy_prefix || remove_extra_whitespaces
-    bool remove_extra_ws_ = true;        // normalizer remove_extra_whitespaces
+    SpmDecodeTable dec_;  // per-id tables built at load, so that streaming needs no SentencePiece call per token
 };
 
 }  // namespace quest

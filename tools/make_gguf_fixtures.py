@@ -18,8 +18,26 @@ of the C++ code under test. Files written:
                            every value is kept exactly), the config.json fields as llama.* metadata
   tiny_tied.gguf           a 1-layer Llama with tied embeddings and yarn rope scaling, random F32 weights
   tiny_tied_hf.safetensors the same weights in Hugging Face layout (names, unpermuted rows)
+  spm_demo.gguf            a SentencePiece ("llama") vocabulary, tests/fixtures/tokenizer/demo-512.model written as
+                           convert_hf_to_gguf.py writes a Llama tokenizer (below), with a 1-layer random F32 Llama
+  spm_demo_hf/             the same weights as a Hugging Face folder (config.json, model.safetensors; the test adds
+                           demo-512.model as tokenizer.model), so that the two can be compared end to end
   fuzz/corpus/gguf/seed-*  seeds of the fuzz_gguf target: the small files above, the tiny model with Q4_0 / Q4_1 /
-                           Q8_0 matrices, and truncated copies
+                           Q8_0 matrices, truncated copies, and spm_demo.gguf
+
+With --shared DIR (needs ../shared, which is never copied into the project) it writes instead, into DIR (a build
+folder):
+  stories260K.gguf         ../shared/models/stories260K (weights F32, config, SentencePiece vocabulary) as the
+                           converter writes it: the model of the GGUF end-to-end test against the safetensors folder
+  llama2-vocab.gguf        the Llama-2 tokenizer.model (32000 pieces) as a vocabulary-only GGUF (no tensors)
+
+SentencePiece vocabulary (convert_hf_to_gguf.py: _create_vocab_sentencepiece, _set_vocab_sentencepiece, SpecialVocab
+from config.json): tokenizer.ggml.model "llama", pre "default", tokens = IdToPiece, scores = GetScore, token_type
+2 unknown / 3 control / 5 unused / 6 byte / 1 normal, pieces up to config.json's vocab_size padded as [PAD{i}]
+(unused, score -10000), bos / eos ids from config.json. Beyond what the converter writes for Llama, the normalizer's
+two flags go into the keys llama.cpp defines for them (tokenizer.ggml.add_space_prefix = add_dummy_prefix,
+tokenizer.ggml.remove_extra_whitespaces), read from the model protobuf: stories260K's tokenizer removes extra
+whitespace, which a GGUF without the key cannot say.
 
 The permutation below restates what the converter does (read from llama.cpp's convert_hf_to_gguf.py,
 LlamaModel.permute): the rows of a projection with n heads, viewed as [n][2][head_dim / 2], have their last two
@@ -125,7 +143,7 @@ def write_types(rng: np.random.Generator) -> None:
     w.close()
 
 
-def llama_metadata(w: GGUFWriter, cfg: dict, n_vocab: int) -> None:
+def llama_metadata(w: GGUFWriter, cfg: dict, n_vocab: int, vocab: bool = True) -> None:
     """The keys convert_hf_to_gguf.py writes for a Llama model (TextModel + LlamaModel.set_gguf_parameters)."""
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -142,6 +160,8 @@ def llama_metadata(w: GGUFWriter, cfg: dict, n_vocab: int) -> None:
     w.add_vocab_size(cfg["vocab_size"])
     head_dim = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
     w.add_rope_dimension_count(head_dim)
+    if not vocab:
+        return
     w.add_tokenizer_model("llama")
     w.add_token_list([f"<t{i}>" for i in range(n_vocab)])
     w.add_bos_token_id(cfg["bos_token_id"])
@@ -176,6 +196,15 @@ def write_llama(path: pathlib.Path, tensors: dict, cfg: dict, matrix_types: tupl
     w = GGUFWriter(str(path), "llama")
     w.add_name(path.stem)
     llama_metadata(w, cfg, cfg["vocab_size"])
+    add_llama_tensors(w, tensors, cfg, matrix_types)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def add_llama_tensors(w: GGUFWriter, tensors: dict, cfg: dict, matrix_types: tuple = ()) -> None:
+    """The rope scaling keys and the tensors of a Llama GGUF, named and permuted as the converter does."""
     if cfg.get("rope_scaling", {}).get("rope_type") == "yarn":
         rs = cfg["rope_scaling"]
         w.add_rope_scaling_type(RopeScalingType.YARN)
@@ -194,10 +223,6 @@ def write_llama(path: pathlib.Path, tensors: dict, cfg: dict, matrix_types: tupl
             w.add_tensor(gguf_name(hf), quantize(t.astype(np.float32), qt), raw_dtype=qt)
             continue
         w.add_tensor(gguf_name(hf), np.ascontiguousarray(t))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
 
 
 def write_llama_gqa4() -> None:
@@ -227,6 +252,135 @@ def write_tiny_tied(rng: np.random.Generator) -> dict:
     return {"tensors": tensors, "cfg": cfg}
 
 
+def normalizer_flags(model_bytes: bytes) -> tuple[bool, bool]:
+    """add_dummy_prefix and remove_extra_whitespaces of a SentencePiece ModelProto (NormalizerSpec is field 3, the
+    flags its fields 3 and 4, both true by default; the last value of a repeated field wins)."""
+    def varint(b: bytes, i: int) -> tuple[int, int]:
+        r = s = 0
+        while True:
+            c = b[i]
+            i += 1
+            r |= (c & 0x7F) << s
+            s += 7
+            if not c & 0x80:
+                return r, i
+
+    def fields(b: bytes):
+        i = 0
+        while i < len(b):
+            tag, i = varint(b, i)
+            num, wt = tag >> 3, tag & 7
+            if wt == 0:
+                v, i = varint(b, i)
+            elif wt == 2:
+                n, i = varint(b, i)
+                v, i = b[i:i + n], i + n
+            elif wt in (1, 5):
+                v, i = None, i + (8 if wt == 1 else 4)
+            else:
+                raise ValueError(f"wire type {wt}")
+            yield num, wt, v
+
+    dummy, remove = True, True
+    for num, wt, v in fields(model_bytes):
+        if num == 3 and wt == 2:
+            for n, w, x in fields(v):
+                if w == 0 and n == 3:
+                    dummy = bool(x)
+                if w == 0 and n == 4:
+                    remove = bool(x)
+    return dummy, remove
+
+
+def spm_vocab(w: GGUFWriter, model_file: pathlib.Path, vocab_size: int, bos: int | None, eos: int | None) -> None:
+    """A SentencePiece vocabulary as convert_hf_to_gguf.py writes it (see the module docstring)."""
+    from gguf import TokenType
+    from sentencepiece import SentencePieceProcessor
+
+    sp = SentencePieceProcessor()
+    sp.LoadFromFile(str(model_file))
+    tokens = [f"[PAD{i}]".encode() for i in range(vocab_size)]
+    scores = [-10000.0] * vocab_size
+    types = [TokenType.UNUSED] * vocab_size
+    for i in range(min(sp.vocab_size(), vocab_size)):
+        t = TokenType.NORMAL
+        if sp.IsUnknown(i):
+            t = TokenType.UNKNOWN
+        elif sp.IsControl(i):
+            t = TokenType.CONTROL
+        elif sp.IsUnused(i):
+            t = TokenType.UNUSED
+        elif sp.IsByte(i):
+            t = TokenType.BYTE
+        tokens[i], scores[i], types[i] = sp.IdToPiece(i).encode(), sp.GetScore(i), t
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    if bos is not None:
+        w.add_bos_token_id(bos)
+    if eos is not None:
+        w.add_eos_token_id(eos)
+    dummy, remove = normalizer_flags(model_file.read_bytes())
+    w.add_add_space_prefix(dummy)
+    w.add_remove_extra_whitespaces(remove)
+
+
+def write_spm_llama(path: pathlib.Path, tensors: dict, cfg: dict, model_file: pathlib.Path) -> None:
+    """A Llama GGUF (write_llama's tensors and metadata) whose vocabulary is the SentencePiece model_file's."""
+    w = GGUFWriter(str(path), "llama")
+    w.add_name(path.stem)
+    llama_metadata(w, cfg, cfg["vocab_size"], vocab=False)
+    spm_vocab(w, model_file, cfg["vocab_size"], cfg.get("bos_token_id"), cfg.get("eos_token_id"))
+    add_llama_tensors(w, tensors, cfg)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def write_spm_demo(rng: np.random.Generator) -> None:
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 16,
+           "intermediate_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+           "head_dim": 8, "max_position_embeddings": 64, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+           "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True,
+           "torch_dtype": "float32"}
+    h, f, V, q, kv = 16, 32, 512, 16, 8
+    shapes = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
+    for name, shape in (("input_layernorm.weight", (h,)), ("self_attn.q_proj.weight", (q, h)),
+                        ("self_attn.k_proj.weight", (kv, h)), ("self_attn.v_proj.weight", (kv, h)),
+                        ("self_attn.o_proj.weight", (h, q)), ("post_attention_layernorm.weight", (h,)),
+                        ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)),
+                        ("mlp.down_proj.weight", (h, f))):
+        shapes["model.layers.0." + name] = shape
+    # Norms near 1 and matrices of a sane scale, so that greedy decoding does not repeat one token at once.
+    tensors = {n: (1 + 0.1 * rng.standard_normal(s) if len(s) == 1 else rng.standard_normal(s) / np.sqrt(s[-1]) * 2)
+               .astype(np.float32) for n, s in shapes.items()}
+    hf = OUT / "spm_demo_hf"
+    hf.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(hf / "model.safetensors"))
+    (hf / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+    write_spm_llama(OUT / "spm_demo.gguf", tensors, cfg, ROOT / "tests" / "fixtures" / "tokenizer" / "demo-512.model")
+
+
+def write_shared(out: pathlib.Path) -> None:
+    shared = ROOT.parent / "shared" / "models"
+    out.mkdir(parents=True, exist_ok=True)
+    stories = shared / "stories260K"
+    cfg = json.loads((stories / "config.json").read_text())
+    write_spm_llama(out / "stories260K.gguf", load_file(str(stories / "model.safetensors")), cfg,
+                    stories / "tokenizer.model")
+    w = GGUFWriter(str(out / "llama2-vocab.gguf"), "llama")
+    spm_vocab(w, shared / "llama2-tokenizer" / "tokenizer.model", 32000, 1, 2)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    for p in sorted(out.glob("*.gguf")):
+        print(f"{p}: {p.stat().st_size} bytes")
+
+
 def write_fuzz_seeds(tiny: dict) -> None:
     """Seeds of fuzz/fuzz_gguf.cpp: the small fixtures, a Q4_0/Q4_1/Q8_0 Llama, and truncated copies."""
     seeds = ROOT / "fuzz" / "corpus" / "gguf"
@@ -236,16 +390,22 @@ def write_fuzz_seeds(tiny: dict) -> None:
     (seeds / "seed-types").write_bytes(types)
     for name, cut in (("header", 20), ("kv", 200), ("infos", 900), ("data", len(types) - 100)):
         (seeds / f"seed-types-cut-{name}").write_bytes(types[:cut])
+    (seeds / "seed-spm-demo").write_bytes((OUT / "spm_demo.gguf").read_bytes())
     q4 = (seeds / "seed-llama-q4").read_bytes()
     (seeds / "seed-llama-q4-cut").write_bytes(q4[: len(q4) // 2])
 
 
 def main() -> None:
+    import sys
+    if len(sys.argv) == 3 and sys.argv[1] == "--shared":
+        write_shared(pathlib.Path(sys.argv[2]))
+        return
     OUT.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(20240601)
     write_types(rng)
     write_llama_gqa4()
     tiny = write_tiny_tied(rng)
+    write_spm_demo(np.random.default_rng(20250125))
     write_fuzz_seeds(tiny)
     for p in sorted(list(OUT.rglob("*")) + list((ROOT / "fuzz" / "corpus" / "gguf").glob("*"))):
         if p.is_file():

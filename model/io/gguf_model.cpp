@@ -291,6 +291,7 @@ Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, cons
 #include <cstring>
 
 #include "tokenizer/bpe.h"
+#include "tokenizer/spm_gguf.h"
 
 namespace quest {
 
@@ -316,6 +317,48 @@ int token_id_key(const GgufFile& f, const std::string& key, size_t vocab) {
     return static_cast<int>(*v);
 }
 
+// tokenizer.ggml.token_type: an array of int32 (or uint32, as some writers store it), one per token.
+std::vector<int32_t> token_types(const GgufFile& f, size_t n_tokens, bool required) {
+    const GgufArray* t = f.get_array("tokenizer.ggml.token_type");
+    if (!t) {
+        if (required)
+            throw InputError(f.name() + ": key 'tokenizer.ggml.token_type': missing (a SentencePiece vocabulary needs "
+                                        "its token types: unknown, control, byte, ...)");
+        return std::vector<int32_t>(n_tokens, 1);
+    }
+    if (t->type != GgufType::Int32 && t->type != GgufType::UInt32)
+        throw InputError(f.name() + ": key 'tokenizer.ggml.token_type': expected an array of int32, found an array of " +
+                         std::string(gguf_type_name(t->type)));
+    std::vector<int32_t> types(t->count);
+    if (!types.empty()) std::memcpy(types.data(), t->raw.data(), types.size() * 4);  // little-endian, as the host
+    return types;
+}
+
+// tokenizer.ggml.model "llama": SentencePiece pieces, scores and token types (tokenizer/spm_gguf.h).
+std::unique_ptr<Tokenizer> gguf_spm_tokenizer(const GgufFile& f, const std::vector<std::string>& tokens) {
+    SpmVocab v;
+    v.file = f.name();
+    v.tokens = tokens;
+    const GgufArray* scores = f.get_array("tokenizer.ggml.scores");
+    if (!scores)
+        throw InputError(f.name() + ": key 'tokenizer.ggml.scores': missing (a SentencePiece vocabulary merges by "
+                                    "the pieces' scores)");
+    if (scores->type != GgufType::Float32)
+        throw InputError(f.name() + ": key 'tokenizer.ggml.scores': expected an array of float32, found an array of " +
+                         std::string(gguf_type_name(scores->type)));
+    v.scores.resize(scores->count);
+    if (!v.scores.empty()) std::memcpy(v.scores.data(), scores->raw.data(), v.scores.size() * 4);
+    v.types = token_types(f, tokens.size(), true);
+    v.bos = token_id_key(f, "tokenizer.ggml.bos_token_id", tokens.size());
+    v.eos = token_id_key(f, "tokenizer.ggml.eos_token_id", tokens.size());
+    v.unk = token_id_key(f, "tokenizer.ggml.unknown_token_id", tokens.size());
+    v.add_bos = f.get_bool("tokenizer.ggml.add_bos_token").value_or(true);
+    v.add_eos = f.get_bool("tokenizer.ggml.add_eos_token").value_or(false);
+    v.add_space_prefix = f.get_bool("tokenizer.ggml.add_space_prefix").value_or(true);
+    v.remove_extra_ws = f.get_bool("tokenizer.ggml.remove_extra_whitespaces").value_or(false);
+    return std::make_unique<SpmGgufTokenizer>(std::move(v));
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
@@ -323,24 +366,16 @@ std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f) {
     if (!model)
         throw InputError(f.name() + ": no tokenizer in the file (key 'tokenizer.ggml.model' missing; expected a GGUF "
                                     "with its vocabulary, as convert_hf_to_gguf.py writes it)");
-    if (*model == "llama")
-        throw InputError(f.name() + ": tokenizer.ggml.model 'llama' (a SentencePiece vocabulary) is not supported yet "
-                                    "(GGUF vocabularies of byte-level BPE, tokenizer.ggml.model 'gpt2', are)");
-    if (*model != "gpt2")
+    if (*model != "gpt2" && *model != "llama")
         throw InputError(f.name() + ": tokenizer.ggml.model '" + *model +
-                         "' is not supported (expected 'gpt2', a byte-level BPE vocabulary)");
+                         "' is not supported (expected 'llama', a SentencePiece vocabulary, or 'gpt2', a byte-level "
+                         "BPE one)");
     const auto* tokens = string_array(f, "tokenizer.ggml.tokens");
     if (!tokens) throw InputError(f.name() + ": key 'tokenizer.ggml.tokens': missing (the vocabulary)");
+    if (*model == "llama") return gguf_spm_tokenizer(f, *tokens);
     const auto* merges = string_array(f, "tokenizer.ggml.merges");
     if (!merges) throw InputError(f.name() + ": key 'tokenizer.ggml.merges': missing (a BPE vocabulary has merges)");
-    std::vector<int32_t> types(tokens->size(), 1);
-    if (const GgufArray* t = f.get_array("tokenizer.ggml.token_type")) {
-        if (t->type != GgufType::Int32 && t->type != GgufType::UInt32)
-            throw InputError(f.name() + ": key 'tokenizer.ggml.token_type': expected an array of int32, found an "
-                                        "array of " + std::string(gguf_type_name(t->type)));
-        types.resize(t->count);
-        if (!types.empty()) std::memcpy(types.data(), t->raw.data(), types.size() * 4);  // little-endian, as the host
-    }
+    std::vector<int32_t> types = token_types(f, tokens->size(), false);
     const int bos = token_id_key(f, "tokenizer.ggml.bos_token_id", tokens->size());
     const int eos = token_id_key(f, "tokenizer.ggml.eos_token_id", tokens->size());
     const auto pre = f.get_string("tokenizer.ggml.pre");

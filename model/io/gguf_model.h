@@ -75,10 +75,13 @@ Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, cons
 
 namespace quest {
 
-// The tokenizer of a GGUF file from its tokenizer.ggml.* metadata: model "gpt2" (byte-level BPE: tokens, merges,
-// token_type, bos/eos ids, pre) through BpeTokenizer::from_gguf_vocab. A file without tokenizer.ggml.model, a
-// SentencePiece-style "llama" vocabulary (not supported yet) or another model is an InputError naming the file and
-// the tokenizer model.
+// The tokenizer of a GGUF file from its tokenizer.ggml.* metadata, chosen by tokenizer.ggml.model:
+//   "llama" (SentencePiece: tokens, scores, token_type, bos/eos/unknown ids, add_bos_token, add_eos_token,
+//     add_space_prefix, remove_extra_whitespaces) through SpmGgufTokenizer (tokenizer/spm_gguf.h); scores and
+//     token_type are required;
+//   "gpt2" (byte-level BPE: tokens, merges, token_type, bos/eos ids, pre) through BpeTokenizer::from_gguf_vocab.
+// A file without tokenizer.ggml.model, another model, or a malformed vocabulary is an InputError naming the file
+// and the key.
 std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& f);
 
 // The file holds what the config describes, from the tensor names alone (the counterpart of
