@@ -30,7 +30,7 @@ json=${JSON:-$out/quality-$backend.json}
 [ -s "$gguf" ] || { echo "error: $gguf is absent (run tools/fetch_smollm2.sh)" >&2; exit 2; }
 [ -s "$text" ] || { echo "error: TEXT=$text is absent (name another real English text)" >&2; exit 2; }
 q=nice
-[ -x "$build/test_gguf" ] && $q "$build/test_gguf" --gtest_filter='GgufSmolLM2.OpensMapsAndDequantizesEveryTensor' \
+[ -x "$build/tests/quest_tests" ] && $q "$build/tests/quest_tests" --gtest_filter='GgufSmolLM2.OpensMapsAndDequantizesEveryTensor' \
     | grep 'SmolLM2 Q4_1' || true
 calib_tokens=${CALIB_TOKENS:-1024}
 for g in 128 64 32; do
