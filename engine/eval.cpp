@@ -246,6 +246,22 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
 
 double PplRow::ppl() const { return std::exp(nll); }
 
+namespace {
+
+std::string rows_label(const PplRequest& r) { return r.label.empty() ? std::string("main") : r.label; }
+
+// log softmax of `logits` in double.
+void log_softmax(std::span<const float> logits, std::vector<double>& out) {
+    const float mx = *std::max_element(logits.begin(), logits.end());
+    double z = 0;
+    for (float l : logits) z += std::exp(static_cast<double>(l) - mx);
+    const double lz = std::log(z);
+    out.resize(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i) out[i] = static_cast<double>(logits[i]) - mx - lz;
+}
+
+}  // namespace
+
 std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, const PplRequest& r,
                             const std::function<void(const std::string&)>& progress) {
     std::ifstream in(r.text_file, std::ios::binary);
@@ -257,34 +273,61 @@ std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, cons
     if (window < 1 || window + 1 >= static_cast<int>(ids.size()))
         throw InputError(r.text_file + ": the text has " + std::to_string(ids.size()) +
                          " tokens, too few for a window of " + std::to_string(window) + " plus scored tokens");
+    const size_t n_models = 1 + r.compare.size();
     std::vector<PplRow> rows;
     for (int budget : r.budgets) {
-        auto backend = make(settings_for(r.base, budget), static_cast<int>(ids.size()));
-        enable_diagnostics(*backend, r.diagnostics);
-        std::span<const float> logits = backend->prefill(std::span<const int>(ids.data(), window));
-        PplRow row;
-        row.budget = budget;
-        double nll = 0;
-        for (size_t t = window; t < ids.size(); ++t) {
-            // log softmax of the target, in double
-            const float mx = *std::max_element(logits.begin(), logits.end());
-            double z = 0;
-            for (float l : logits) z += std::exp(static_cast<double>(l) - mx);
-            nll -= static_cast<double>(logits[ids[t]]) - mx - std::log(z);
-            ++row.tokens;
-            if (t + 1 < ids.size()) logits = backend->decode(ids[t]);
+        const QuestSettings q = settings_for(r.base, budget);
+        std::vector<std::unique_ptr<Backend>> backends;
+        backends.push_back(make(q, static_cast<int>(ids.size())));
+        for (const PplModel& m : r.compare) backends.push_back(m.make(q, static_cast<int>(ids.size())));
+        std::vector<std::span<const float>> logits;
+        for (auto& b : backends) {
+            enable_diagnostics(*b, r.diagnostics);
+            logits.push_back(b->prefill(std::span<const int>(ids.data(), window)));
+            if (logits.back().size() != logits.front().size())
+                throw InputError("eval ppl: the models' vocabularies differ (" + std::to_string(logits.front().size()) +
+                                 " and " + std::to_string(logits.back().size()) + " logits)");
         }
-        row.nll = nll / row.tokens;
-        ReadStats reads;
-        bytes_collect(*backend, reads);
-        row.bytes = bytes_finish(reads);
-        collect(*backend, row.selection);
-        finish(row.selection, steps_of(*backend));
-        char line[160];
-        std::snprintf(line, sizeof line, "ppl %s: %.4f over %d tokens after a %d-token window",
-                      budget ? ("B=" + std::to_string(budget)).c_str() : "full", row.ppl(), row.tokens, window);
-        progress(line);
-        rows.push_back(std::move(row));
+        std::vector<double> nll(n_models, 0.0), kl(n_models, 0.0);
+        std::vector<double> lp0, lp;
+        int scored = 0;
+        for (size_t t = window; t < ids.size(); ++t) {
+            log_softmax(logits[0], lp0);
+            nll[0] -= lp0[ids[t]];
+            for (size_t k = 1; k < n_models; ++k) {
+                log_softmax(logits[k], lp);
+                nll[k] -= lp[ids[t]];
+                double d = 0;
+                for (size_t i = 0; i < lp.size(); ++i) d += std::exp(lp0[i]) * (lp0[i] - lp[i]);
+                kl[k] += d;
+            }
+            ++scored;
+            if (t + 1 < ids.size())
+                for (size_t k = 0; k < n_models; ++k) logits[k] = backends[k]->decode(ids[t]);
+        }
+        for (size_t k = 0; k < n_models; ++k) {
+            PplRow row;
+            row.budget = budget;
+            row.tokens = scored;
+            row.nll = nll[k] / scored;
+            if (!r.compare.empty()) {
+                row.model = k == 0 ? rows_label(r) : r.compare[k - 1].label;
+                row.kl = kl[k] / scored;
+            }
+            ReadStats reads;
+            bytes_collect(*backends[k], reads);
+            row.bytes = bytes_finish(reads);
+            collect(*backends[k], row.selection);
+            finish(row.selection, steps_of(*backends[k]));
+            char line[400];
+            std::snprintf(line, sizeof line, "ppl %s%s%s: %.4f over %d tokens after a %d-token window",
+                          budget ? ("B=" + std::to_string(budget)).c_str() : "full", row.model.empty() ? "" : " ",
+                          row.model.c_str(), row.ppl(), row.tokens, window);
+            std::string said = line;
+            if (row.kl >= 0) said += ", KL from " + rows_label(r) + " " + std::to_string(row.kl);
+            progress(said);
+            rows.push_back(std::move(row));
+        }
     }
     return rows;
 }
@@ -323,11 +366,16 @@ std::string passkey_json(const std::vector<PasskeyRow>& rows) {
 
 std::string ppl_table(const std::vector<PplRow>& rows) {
     std::ostringstream o;
-    char buf[200];
+    char buf[400];
+    const bool models = !rows.empty() && !rows.front().model.empty();
+    if (models) std::snprintf(buf, sizeof buf, "%-24s %10s ", "model", "kl");
+    if (models) o << buf;
     std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s %10s %10s %14s %12s\n", "budget", "tokens", "nll", "perplexity",
                   "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
     o << buf;
     for (const auto& r : rows) {
+        if (models) std::snprintf(buf, sizeof buf, "%-24s %10.6f ", r.model.c_str(), r.kl);
+        if (models) o << buf;
         std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f %10s %10s %14s %12s\n",
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.tokens, r.nll, r.ppl(),
                       kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
@@ -345,6 +393,8 @@ std::string ppl_json(const std::vector<PplRow>& rows) {
                      {"tokens", r.tokens},
                      {"nll", r.nll},
                      {"perplexity", r.ppl()},
+                     {"model", r.model.empty() ? nlohmann::json() : nlohmann::json(r.model)},
+                     {"kl", r.kl >= 0 ? nlohmann::json(r.kl) : nlohmann::json()},
                      {"bytes", bytes_json(r.bytes)},
                      {"selection", selection_json(r.selection)}});
     return a.dump(2) + "\n";

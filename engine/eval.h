@@ -70,6 +70,12 @@ PasskeyPrompt make_passkey_prompt(const Tokenizer& tok, int context, double dept
 std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& tok, const PasskeyRequest& r,
                                     const std::function<void(const std::string&)>& progress);
 
+// Another model scored in lockstep with the main one (same tokenizer): e.g. a 4-bit copy against its FP16 original.
+struct PplModel {
+    std::string label;
+    BackendMaker make;
+};
+
 struct PplRequest {
     std::string text_file;
     int window = 0;             // tokens prefilled densely (0: half the text, at most 1024)
@@ -77,12 +83,18 @@ struct PplRequest {
     std::vector<int> budgets;   // 0 = full attention
     bool diagnostics = false;
     QuestSettings base;
+    std::string label;              // the main model's label in the rows (with compare)
+    std::vector<PplModel> compare;  // each budget runs these too, token for token; rows get their KL from the main
 };
 
 struct PplRow {
     int budget = 0;
     int tokens = 0;   // tokens scored through the decode path
     double nll = 0;   // mean negative log-likelihood (nats)
+    std::string model;  // the label (with compare), else ""
+    // With compare: the mean over the scored tokens of KL(P_main || P_this) (nats), the main model's own row 0;
+    // negative when not computed.
+    double kl = -1;
     double ppl() const;
     BytesSummary bytes;
     SelectionSummary selection;

@@ -22,7 +22,7 @@ namespace quest {
 namespace {
 
 struct EvalFlags {
-    std::string model, contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text;
+    std::string model, contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text, compare;
     int samples = 10, window = 0, max_tokens = 0;
     std::string set, policies = "quest";
     int jsonl_samples = 0;
@@ -100,6 +100,9 @@ EvalCommand add_eval_command(CLI::App& parent) {
     ppl->add_option("--text", flags->text, "text file")->required();
     ppl->add_option("--window", flags->window, "tokens prefilled densely (default: half the text, at most 1024)");
     ppl->add_option("--max-tokens", flags->max_tokens, "use at most this many tokens of the text");
+    ppl->add_option("--compare", flags->compare,
+                    "comma-separated models (folders or .gguf files, the same tokenizer) scored token for token with "
+                    "-m at each budget; each row gets its KL divergence from -m's distribution");
     auto* jsonl = cmd.app->add_subcommand(
         "jsonl", "Retrieval sets (tools/make_retrieval_data.py eval-set): one prefill per prompt, then every policy "
                  "and budget through the decode path");
@@ -171,6 +174,24 @@ EvalCommand add_eval_command(CLI::App& parent) {
         r.budgets = parse_int_list(f.budgets, "--budgets", true);
         r.diagnostics = f.diagnostics;
         r.base = base;
+        if (!f.compare.empty()) {
+            r.label = f.model;
+            std::ifstream in(f.text, std::ios::binary);
+            if (!in) throw InputError(f.text + ": cannot open (--text)");
+            const std::string text((std::istreambuf_iterator<char>(in)), {});
+            const std::vector<int> ids = tok.encode(text, true);
+            std::stringstream ss(f.compare);
+            for (std::string path; std::getline(ss, path, ',');) {
+                const ModelFolder other = open_model_folder(path);
+                f.settings.check_model(other.config);
+                const auto other_tok = load_model_tokenizer(other);
+                check_tokenizer_vocab(*other_tok, other);
+                if (other.config.vocab_size != model.config.vocab_size || other_tok->encode(text, true) != ids)
+                    throw InputError("--compare " + path + ": its vocabulary or tokenizer differs from -m " + f.model +
+                                     "'s on " + f.text + " (expected the same tokenizer: one distribution per token)");
+                r.compare.push_back({path, maker(f, other)});
+            }
+        }
         const auto rows = run_ppl(make, tok, r, progress);
         std::fputs(ppl_table(rows).c_str(), stdout);
         write_atomic(f.json, ppl_json(rows));

@@ -16,6 +16,7 @@
 
 #include "kernels/common/error.h"
 #include "model/io/gguf.h"
+#include "model/io/gguf_model.h"
 #include "test_util.h"
 #include "tokenizer/bpe.h"
 #include "tokenizer/nfc.h"
@@ -351,6 +352,102 @@ TEST(BpeGguf, SmolLM2VocabularyMatchesHuggingFace) {
     ASSERT_TRUE(read_gguf_vocab(path, g)) << path << ": no tokenizer.ggml.{tokens, merges, token_type}";
     const BpeTokenizer tok = BpeTokenizer::from_gguf_vocab(g.tokens, g.merges, g.types, g.bos, g.eos, "smollm");
     EXPECT_EQ(check_corpus(tok, "smollm2-gguf"), 0);
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Writing tokenizer.json (write_tokenizer_json; what `quest quantize` writes for a GGUF's vocabulary)
+// ---------------------------------------------------------------------------------------------------------------------
+
+// Writes `files` into a fresh folder `name` and loads it back with load_tokenizer.
+std::unique_ptr<Tokenizer> load_written(const quest::TokenizerJsonFiles& files, const std::string& name) {
+    const auto dir = quest::test::temp_dir("bpe_written_" + name);
+    std::ofstream(dir / "tokenizer.json", std::ios::binary) << files.tokenizer_json;
+    std::ofstream(dir / "tokenizer_config.json", std::ios::binary) << files.tokenizer_config_json;
+    return quest::load_tokenizer(dir);
+}
+
+// The same ids for every corpus line (with and without what the tokenizer adds around a text), the same specials.
+int count_differences(const Tokenizer& a, const Tokenizer& b) {
+    EXPECT_EQ(a.vocab_size(), b.vocab_size());
+    EXPECT_EQ(a.bos_id(), b.bos_id());
+    EXPECT_EQ(a.eos_id(), b.eos_id());
+    EXPECT_EQ(a.end_of_turn_ids(), b.end_of_turn_ids());
+    for (int id = 0; id < std::min(a.vocab_size(), b.vocab_size()); ++id) {
+        EXPECT_EQ(a.is_control(id), b.is_control(id)) << id;
+        EXPECT_EQ(a.piece(id), b.piece(id)) << id;
+    }
+    int bad = 0;
+    for (const auto& line : corpus())
+        for (const bool add : {true, false})
+            if (a.encode(line, add) != b.encode(line, add) && ++bad <= 5)
+                ADD_FAILURE() << json(line).dump() << " add_bos " << add << "\n  " << ids_text(a.encode(line, add))
+                              << "\n  " << ids_text(b.encode(line, add));
+    return bad;
+}
+
+TEST(BpeWrite, EveryFamilyRoundTripsThroughTokenizerJson) {
+    // Parsed, written back, parsed again: Hugging Face's ids and decode on every corpus line (the oracle of the
+    // family tests), and the ids of the original load.
+    for (const std::string name : {"gpt2", "gpt2-prefix", "llama3", "qwen2", "smollm2", "bytefallback"}) {
+        SCOPED_TRACE(name);
+        const auto original = quest::load_tokenizer(fixtures() / name);
+        const auto* bpe = dynamic_cast<const BpeTokenizer*>(original.get());
+        ASSERT_NE(bpe, nullptr);
+        const auto written = load_written(quest::write_tokenizer_json(bpe->data(), "{{ chat }}"), name);
+        EXPECT_EQ(check_corpus(*written, name), 0);
+        EXPECT_EQ(count_differences(*original, *written), 0);
+    }
+}
+
+TEST(BpeWrite, OnePieceUnderTwoIdsIsAnInputErrorNamingBoth) {
+    const GgufVocab g = gguf_from_fixture("gpt2");
+    std::vector<std::string> tokens = g.tokens;
+    std::vector<int32_t> types = g.types;
+    tokens.push_back(tokens[5]);  // a GGUF may hold one piece twice; a tokenizer.json cannot
+    types.push_back(1);
+    const int dup = static_cast<int>(tokens.size()) - 1;
+    const BpeTokenizer tok = BpeTokenizer::from_gguf_vocab(tokens, g.merges, types, -1, -1, "gpt2", "dup.gguf");
+    try {
+        (void)quest::write_tokenizer_json(tok.data());
+        FAIL() << "expected InputError";
+    } catch (const InputError& e) {
+        const std::string msg = e.what();
+        EXPECT_NE(msg.find("dup.gguf"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("ids 5 and " + std::to_string(dup)), std::string::npos) << msg;
+    }
+}
+
+TEST(BpeWrite, TinyGgufVocabularyAsTokenizerJsonGivesTheGgufIds) {
+    // tests/fixtures/gguf/tiny_bpe.gguf carries the smollm2 fixture's vocabulary as convert_hf_to_gguf.py writes
+    // it (pre "smollm"). Its tokenizer.json gives the GGUF tokenizer's ids on every line, and Hugging Face's (the
+    // lines with <tool>, a user-defined token that strips whitespace in the fixture but not in a GGUF, left out).
+    const auto file = quest::test::source_dir() / "tests/fixtures/gguf/tiny_bpe.gguf";
+    const auto f = quest::GgufFile::open(file);
+    const auto gguf_tok = quest::gguf_tokenizer(*f);
+    const quest::TokenizerJsonFiles files = quest::gguf_tokenizer_json(*f, quest::gguf_model_config(*f));
+    const auto written = load_written(files, "tiny_bpe");
+    EXPECT_EQ(count_differences(*gguf_tok, *written), 0);
+    EXPECT_EQ(check_corpus(*written, "smollm2", false, "<tool>"), 0);
+    const json cfg = json::parse(files.tokenizer_config_json);
+    EXPECT_EQ(cfg.at("chat_template").get<std::string>(), quest::gguf_chat_template(*f));
+    EXPECT_EQ(cfg.at("eos_token").get<std::string>(), "<|im_end|>");
+    EXPECT_EQ(cfg.at("bos_token").get<std::string>(), "<|im_start|>");
+}
+
+TEST(BpeWrite, SmolLM2GgufVocabularyAsTokenizerJsonMatchesHuggingFace) {
+    const char* env = std::getenv("QUEST_SMOLLM2_GGUF");
+    const std::filesystem::path path =
+        env ? std::filesystem::path(env)
+            : quest::test::source_dir() / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+    if (!std::filesystem::exists(path))
+        GTEST_SKIP() << path << " is absent (run tools/fetch_smollm2.sh, or set QUEST_SMOLLM2_GGUF to "
+                        "SmolLM2-135M-Instruct.Q4_1.gguf)";
+    const auto f = quest::GgufFile::open(path);
+    const auto gguf_tok = quest::gguf_tokenizer(*f);
+    const auto written = load_written(quest::gguf_tokenizer_json(*f, quest::gguf_model_config(*f)), "smollm2_gguf");
+    EXPECT_EQ(written->vocab_size(), 49152);
+    EXPECT_EQ(check_corpus(*written, "smollm2-gguf"), 0);
+    EXPECT_EQ(count_differences(*gguf_tok, *written), 0);
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

@@ -101,13 +101,16 @@ TEST(E2eGguf, BadModelPathsAreOneErrorLine) {
     }
 }
 
-// quantize reads a GGUF too: the weights dequantized, then written in 4 bits (the vocabulary is not written yet).
+// quantize reads a GGUF too: the weights dequantized, then written in 4 bits. This fixture's vocabulary is not one
+// the engine reads (placeholder SentencePiece pieces): the folder gets no tokenizer, and quantize says why.
 TEST(E2eGguf, QuantizeTakesAGgufFile) {
     const auto out = test::temp_dir("e2e_quantize") / "q";
     const RunResult r = run_quest("quantize -m '" + gguf_fixture().string() + "' -o '" + out.string() + "' --group 32",
                                   "e2e_quantize_run");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_THAT(r.err, HasSubstr("tokenizer is not written"));
+    EXPECT_THAT(r.err, HasSubstr("no tokenizer written"));
+    EXPECT_THAT(r.err, HasSubstr("tokenizer.ggml.model 'llama'"));
+    EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
     const ModelFolder q = open_model_folder(out);
     const ModelFolder g = open_model_folder(gguf_fixture());
     EXPECT_EQ(q.config.num_layers, g.config.num_layers);
@@ -123,6 +126,66 @@ TEST(E2eGguf, QuantizeTakesAGgufFile) {
         den += double(lb[i]) * lb[i];
     }
     EXPECT_LT(std::sqrt(num / den), 0.3);  // int4 of the same weights, not another model
+}
+
+fs::path bpe_fixture() { return test::source_dir() / "tests/fixtures/gguf/tiny_bpe.gguf"; }
+
+// The folder quantize writes from a GGUF with a byte-level BPE vocabulary is complete: config.json, the int4
+// weights, tokenizer.json and tokenizer_config.json (BOS, EOS, the chat template); it loads and runs end to end.
+TEST(E2eGguf, QuantizedFolderFromAGgufCarriesItsTokenizerAndChatTemplate) {
+    const auto out = test::temp_dir("e2e_quantize_bpe") / "q";
+    const RunResult r = run_quest("quantize -m '" + bpe_fixture().string() + "' -o '" + out.string() + "' --group 32",
+                                  "e2e_quantize_bpe_run");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("no tokenizer")));
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        EXPECT_TRUE(fs::exists(out / f)) << f;
+    const ModelFolder q = open_model_folder(out);
+    const ModelFolder g = open_model_folder(bpe_fixture());
+    EXPECT_EQ(q.config.eos_token_ids, g.config.eos_token_ids);
+    EXPECT_EQ(q.config.bos_token_id, g.config.bos_token_id);
+    EXPECT_EQ(model_chat_template(q), model_chat_template(g));
+    EXPECT_EQ(detect_chat_format(model_chat_template(q)), ChatFormat::ChatML);
+    const auto tq = load_model_tokenizer(q), tg = load_model_tokenizer(g);
+    EXPECT_EQ(tq->vocab_size(), tg->vocab_size());
+    EXPECT_EQ(tq->eos_id(), tg->eos_id());
+    EXPECT_EQ(tq->end_of_turn_ids(), tg->end_of_turn_ids());
+    for (const std::string text : {"Hello world, 12345!", "<|im_start|>user\nhi<|im_end|>\n", "  naïve\tcode()"})
+        EXPECT_EQ(tq->encode(text, true), tg->encode(text, true)) << text;
+    // Through the CLI: tokenize gives the GGUF's output, generate and chat run on the folder.
+    const RunResult a = run_quest("tokenize -m '" + out.string() + "' -p 'The 42 cats'", "e2e_qbpe_tok");
+    const RunResult b = run_quest("tokenize -m '" + bpe_fixture().string() + "' -p 'The 42 cats'", "e2e_qbpe_tok2");
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(a.out, b.out);
+    const RunResult gen = run_quest("generate -m '" + out.string() + "' -p 'Once upon' -n 4 --temp 0", "e2e_qbpe_gen");
+    EXPECT_EQ(gen.exit_code, 0) << gen.err;
+    const auto dir = test::temp_dir("e2e_qbpe_chat_in");
+    std::ofstream(dir / "in.txt") << "hi\n";
+    const RunResult chat = run_quest("chat -m '" + out.string() + "' -n 4 --temp 0 -c 128 < '" +
+                                         (dir / "in.txt").string() + "'",
+                                     "e2e_qbpe_chat");
+    EXPECT_EQ(chat.exit_code, 0) << chat.err;
+    EXPECT_THAT(chat.err, HasSubstr("ChatML"));
+}
+
+// --awq-calib on a GGUF: the calibration text goes through the GGUF's tokenizer, the scales are searched on the
+// dequantized weights, and the output is as complete as without calibration.
+TEST(E2eGguf, AwqQuantizeFromAGgufCalibratesOnText) {
+    const auto dir = test::temp_dir("e2e_quantize_awq");
+    std::ofstream(dir / "calib.txt") << "The quick brown fox jumps over the lazy dog. 0123456789. "
+                                        "def f(x): return x * 2\n你好，世界！ Some more words to calibrate on.\n";
+    const RunResult r = run_quest("quantize -m '" + bpe_fixture().string() + "' -o '" + (dir / "q").string() +
+                                      "' --group 32 --awq-calib '" + (dir / "calib.txt").string() + "'",
+                                  "e2e_quantize_awq_run");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("activation-aware scaling"));
+    EXPECT_THAT(r.err, HasSubstr("calibration tokens"));
+    const nlohmann::json cj = nlohmann::json::parse(test::slurp(dir / "q" / "config.json"));
+    EXPECT_EQ(cj["quantization_config"]["awq_scaled"], true);
+    EXPECT_TRUE(fs::exists(dir / "q" / "tokenizer.json"));
+    const RunResult gen =
+        run_quest("generate -m '" + (dir / "q").string() + "' -p 'Once upon' -n 4 --temp 0", "e2e_qawq_gen");
+    EXPECT_EQ(gen.exit_code, 0) << gen.err;
 }
 
 // ---------------------------------------------------------------------------------------------------------------------
@@ -263,6 +326,29 @@ TEST(E2eSmolLM2, ChatAnswersAndStopsAtImEnd) {
     ASSERT_FALSE(g.tokens.empty());
     EXPECT_EQ(g.tokens.back(), tok->token_id("<|im_end|>").value());
     EXPECT_FALSE(text.empty());
+}
+
+// The real model through quantize: the int4 folder answers like the GGUF (its tokenizer and chat template written
+// from the GGUF's metadata) and tokenizes identically.
+TEST(E2eSmolLM2, QuantizedFolderChatsInChatML) {
+    REQUIRE_SMOLLM2();
+    const auto out = test::temp_dir("e2e_smol_quant") / "q";
+    const RunResult q = run_quest("quantize -m '" + smollm2().string() + "' -o '" + out.string() + "'",
+                                  "e2e_smol_quant_run");
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    const RunResult a = run_quest("tokenize -m '" + out.string() + "' -p 'Hello world'", "e2e_smolq_tok");
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(a.out, " 19556 -> 'Hello'\n   905 -> ' world'\n");
+    const auto dir = test::temp_dir("e2e_smolq_chat_in");
+    std::ofstream(dir / "in.txt") << "What is the capital of France?\n";
+    const RunResult r = run_quest("chat -m '" + out.string() + "' -n 64 --temp 0 -c 512 < '" +
+                                      (dir / "in.txt").string() + "'",
+                                  "e2e_smolq_chat");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, HasSubstr("ChatML"));
+    EXPECT_THAT(r.out, HasSubstr("Paris")) << r.out;
+    EXPECT_THAT(r.out, Not(HasSubstr("im_start"))) << r.out;
+    std::printf("chat (int4 folder): %s", r.out.c_str());
 }
 
 }  // namespace

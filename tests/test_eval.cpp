@@ -2,6 +2,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <fstream>
 
 #include "engine/eval.h"
@@ -22,13 +23,13 @@ struct TinyModel {
     BackendMaker make;
 };
 
-TinyModel tiny_model(const std::string& name) {
+TinyModel tiny_model(const std::string& name, uint64_t seed = 11) {
     const auto dir = test::temp_dir(name);
     const ModelConfig c = parse_model_config(
         R"({"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3, "num_attention_heads": 4,
             "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 4096})",
         "inline");
-    write_random_llama(dir, c, {11, DType::F32});
+    write_random_llama(dir, c, {seed, DType::F32});
     auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(dir), c));
     BackendMaker make = [w](const QuestSettings& q, int cap) -> std::unique_ptr<Backend> {
         return std::make_unique<CpuLlama>(w, q, cap);
@@ -100,4 +101,57 @@ TEST(Eval, PerplexityQuestCoveringTheContextEqualsFull) {
     EXPECT_GT(rows[0].ppl(), 1.0);
     EXPECT_EQ(rows[1].nll, rows[0].nll) << "a budget covering the context is full attention, bit for bit";
     EXPECT_NE(rows[2].nll, rows[0].nll) << "a 16-token budget selects pages";
+}
+
+TEST(Eval, PerplexityComparedModelsGetTheirKlFromTheMainOne) {
+    TinyModel a = tiny_model("eval_ppl_kl_a"), b = tiny_model("eval_ppl_kl_b", 12);
+    const auto dir = test::temp_dir("eval_ppl_kl_text");
+    std::ofstream(dir / "t.txt") << "Once upon a time there was a little fox who lived in the woods. Every day the fox "
+                                    "ran to the river to drink and to look at the fish.";
+    PplRequest r;
+    r.text_file = (dir / "t.txt").string();
+    r.window = 10;
+    r.budgets = {0};
+    r.label = "a";
+    r.compare = {{"a-again", a.make}, {"b", b.make}};
+    const auto rows = run_ppl(a.make, a.tok, r, [](const std::string&) {});
+    ASSERT_EQ(rows.size(), 3u);
+    EXPECT_EQ(rows[0].model, "a");
+    EXPECT_EQ(rows[1].model, "a-again");
+    EXPECT_EQ(rows[2].model, "b");
+    EXPECT_EQ(rows[0].kl, 0.0);
+    EXPECT_EQ(rows[1].kl, 0.0) << "the same weights: the same distributions, bit for bit";
+    EXPECT_EQ(rows[1].nll, rows[0].nll);
+
+    // Model b's NLL and KL from a, recomputed here token by token from two fresh backends.
+    const std::vector<int> ids = a.tok.encode(test::slurp(dir / "t.txt"), true);
+    QuestSettings full;
+    full.full_attention = true;
+    auto pa = a.make(full, static_cast<int>(ids.size())), pb = b.make(full, static_cast<int>(ids.size()));
+    std::span<const float> la = pa->prefill(std::span<const int>(ids.data(), 10));
+    std::vector<float> ca(la.begin(), la.end());
+    std::span<const float> lb = pb->prefill(std::span<const int>(ids.data(), 10));
+    std::vector<float> cb(lb.begin(), lb.end());
+    double kl = 0, nll_b = 0;
+    int n = 0;
+    for (size_t t = 10; t < ids.size(); ++t, ++n) {
+        double za = 0, zb = 0;
+        for (float v : ca) za += std::exp(double(v));
+        for (float v : cb) zb += std::exp(double(v));
+        for (size_t i = 0; i < ca.size(); ++i) {
+            const double p = std::exp(double(ca[i])) / za, q = std::exp(double(cb[i])) / zb;
+            kl += p * std::log(p / q);
+        }
+        nll_b -= std::log(std::exp(double(cb[ids[t]])) / zb);
+        if (t + 1 < ids.size()) {
+            la = pa->decode(ids[t]);
+            ca.assign(la.begin(), la.end());
+            lb = pb->decode(ids[t]);
+            cb.assign(lb.begin(), lb.end());
+        }
+    }
+    EXPECT_EQ(rows[2].tokens, n);
+    EXPECT_GT(rows[2].kl, 0.01);
+    EXPECT_NEAR(rows[2].kl, kl / n, 1e-9 * std::max(1.0, kl / n));
+    EXPECT_NEAR(rows[2].nll, nll_b / n, 1e-9 * std::max(1.0, nll_b / n));
 }

@@ -97,6 +97,18 @@ struct BpeData {
 BpeData parse_tokenizer_json(std::string_view json, const std::filesystem::path& file,
                              std::string_view tokenizer_config_json = {});
 
+// The inverse of parse_tokenizer_json: a Hugging Face tokenizer.json and the tokenizer_config.json beside it
+// (bos_token, eos_token, the chat template when non-empty) that parse back into a tokenizer giving the same ids,
+// decoding, special tokens, BOS / EOS and end-of-turn ids as `d`. Hugging Face `tokenizers` reads the same file.
+// A vocabulary that a tokenizer.json cannot hold (one piece under two ids: model.vocab maps pieces to ids) is an
+// InputError naming d.file, the piece and both ids.
+struct TokenizerJsonFiles {
+    std::string tokenizer_json;
+    std::string tokenizer_config_json;
+};
+TokenizerJsonFiles write_tokenizer_json(const BpeData& d, const std::string& chat_template = {},
+                                        int model_max_length = 0);
+
 class BpeTokenizer final : public Tokenizer {
 public:
     explicit BpeTokenizer(BpeData data);
@@ -132,6 +144,9 @@ public:
     // <0xNN> pieces is held until it ends (a non-byte token or flush), then emitted as text when it is valid UTF-8,
     // else as one U+FFFD per byte (Hugging Face's ByteFallback decoder).
     std::unique_ptr<TokenStream> make_stream() const override;
+
+    // What the tokenizer was built from (write_tokenizer_json turns it back into a tokenizer.json).
+    const BpeData& data() const { return d_; }
 
     // The pre-tokens of `text` (already normalized; no added-token splitting), for tests and diagnostics.
     std::vector<std::string> pre_tokenize(std::string_view text) const;

@@ -3,6 +3,7 @@
 // what was expected, never silently ignored.
 #include <algorithm>
 #include <set>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 
@@ -364,6 +365,150 @@ BpeData parse_tokenizer_json(std::string_view text, const std::filesystem::path&
             d.end_of_turn.push_back(id);
     }
     return d;
+}
+
+}  // namespace quest
+
+// ---------------------------------------------------------------------------------------------------------------------
+// Writing
+// ---------------------------------------------------------------------------------------------------------------------
+
+namespace quest {
+
+namespace {
+
+const char* behavior_name(SplitBehavior b) {
+    switch (b) {
+        case SplitBehavior::Removed: return "Removed";
+        case SplitBehavior::Isolated: return "Isolated";
+        case SplitBehavior::MergedWithPrevious: return "MergedWithPrevious";
+        case SplitBehavior::MergedWithNext: return "MergedWithNext";
+        case SplitBehavior::Contiguous: return "Contiguous";
+    }
+    return "Isolated";
+}
+
+nlohmann::ordered_json null_or(const std::string& s) { return s.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(s); }
+
+}  // namespace
+
+TokenizerJsonFiles write_tokenizer_json(const BpeData& d, const std::string& chat_template, int model_max_length) {
+    using ojson = nlohmann::ordered_json;
+    const std::string name = d.file.string();
+    // The text of each id: an added token's content, else the model piece.
+    std::vector<std::string> text(d.vocab);
+    for (const auto& a : d.added)
+        if (a.id >= 0 && static_cast<size_t>(a.id) < text.size()) text[a.id] = a.content;
+
+    ojson vocab = ojson::object();
+    {
+        std::unordered_map<std::string_view, int> seen;
+        for (size_t id = 0; id < d.vocab.size(); ++id) {
+            if (d.vocab[id].empty()) continue;  // an id held only by an added token
+            const auto [it, fresh] = seen.emplace(d.vocab[id], static_cast<int>(id));
+            if (!fresh)
+                throw InputError(name + ": piece \"" + d.vocab[id] + "\" has ids " + std::to_string(it->second) +
+                                 " and " + std::to_string(id) +
+                                 " (a tokenizer.json vocabulary maps each piece to one id)");
+        }
+        // In id order, as Hugging Face writes it.
+        for (size_t id = 0; id < d.vocab.size(); ++id)
+            if (!d.vocab[id].empty()) vocab[d.vocab[id]] = id;
+    }
+    ojson merges = ojson::array();
+    for (const auto& [a, b] : d.merges) merges.push_back(ojson::array({a, b}));
+
+    ojson added = ojson::array();
+    for (const auto& a : d.added)
+        added.push_back({{"id", a.id},
+                         {"content", a.content},
+                         {"single_word", false},
+                         {"lstrip", a.lstrip},
+                         {"rstrip", a.rstrip},
+                         {"normalized", a.normalized},
+                         {"special", a.special}});
+
+    ojson pre = ojson::array();
+    for (const auto& s : d.pre) {
+        switch (s.kind) {
+            case BpePreStep::Kind::Split: {
+                ojson pattern = s.regex ? ojson{{"Regex", s.regex->pattern()}} : ojson{{"String", s.literal}};
+                pre.push_back({{"type", "Split"},
+                               {"pattern", pattern},
+                               {"behavior", behavior_name(s.behavior)},
+                               {"invert", s.invert}});
+                break;
+            }
+            case BpePreStep::Kind::ByteLevel:
+                pre.push_back({{"type", "ByteLevel"},
+                               {"add_prefix_space", s.add_prefix_space},
+                               {"trim_offsets", true},
+                               {"use_regex", s.use_regex}});
+                break;
+            case BpePreStep::Kind::Digits:
+                pre.push_back({{"type", "Digits"}, {"individual_digits", s.individual_digits}});
+                break;
+        }
+    }
+
+    ojson post;  // null: nothing added around a text
+    if (!d.prefix_ids.empty() || !d.suffix_ids.empty()) {
+        ojson single = ojson::array(), pair = ojson::array(), specials = ojson::object();
+        auto special = [&](int id) {
+            if (id < 0 || static_cast<size_t>(id) >= text.size())
+                throw InputError(name + ": post-processor id " + std::to_string(id) + " outside the vocabulary");
+            specials[text[id]] = {{"id", text[id]}, {"ids", {id}}, {"tokens", {text[id]}}};
+            return ojson{{"SpecialToken", {{"id", text[id]}, {"type_id", 0}}}};
+        };
+        for (int id : d.prefix_ids) single.push_back(special(id));
+        single.push_back({{"Sequence", {{"id", "A"}, {"type_id", 0}}}});
+        for (int id : d.suffix_ids) single.push_back(special(id));
+        for (const auto& e : single) pair.push_back(e);
+        for (int id : d.prefix_ids) pair.push_back(special(id));
+        pair.push_back({{"Sequence", {{"id", "B"}, {"type_id", 1}}}});
+        for (int id : d.suffix_ids) pair.push_back(special(id));
+        post = {{"type", "TemplateProcessing"}, {"single", single}, {"pair", pair}, {"special_tokens", specials}};
+    }
+
+    ojson decoder = d.decoder == BpeData::Decoder::ByteLevel
+                        ? ojson{{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true},
+                                {"use_regex", true}}
+                        : ojson{{"type", "Sequence"},
+                                {"decoders", ojson::array({ojson{{"type", "ByteFallback"}}, ojson{{"type", "Fuse"}}})}};
+
+    ojson root;
+    root["version"] = "1.0";
+    root["truncation"] = nullptr;
+    root["padding"] = nullptr;
+    root["added_tokens"] = added;
+    root["normalizer"] = d.nfc ? ojson{{"type", "NFC"}} : ojson();
+    root["pre_tokenizer"] = pre.empty() ? ojson() : ojson{{"type", "Sequence"}, {"pretokenizers", pre}};
+    root["post_processor"] = post;
+    root["decoder"] = decoder;
+    root["model"] = {{"type", "BPE"},
+                     {"dropout", nullptr},
+                     {"unk_token", null_or(d.unk_token)},
+                     {"continuing_subword_prefix", null_or(d.continuing_subword_prefix)},
+                     {"end_of_word_suffix", null_or(d.end_of_word_suffix)},
+                     {"fuse_unk", d.fuse_unk},
+                     {"byte_fallback", d.byte_fallback},
+                     {"ignore_merges", d.ignore_merges},
+                     {"vocab", vocab},
+                     {"merges", merges}};
+
+    auto token_text = [&](int id) { return id >= 0 && static_cast<size_t>(id) < text.size() ? ojson(text[id]) : ojson(); };
+    ojson cfg;
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast";
+    cfg["bos_token"] = token_text(d.bos);
+    cfg["eos_token"] = token_text(d.eos);
+    cfg["clean_up_tokenization_spaces"] = false;
+    if (model_max_length > 0) cfg["model_max_length"] = model_max_length;
+    if (!chat_template.empty()) cfg["chat_template"] = chat_template;
+    try {
+        return {root.dump(1) + "\n", cfg.dump(2) + "\n"};
+    } catch (const nlohmann::json::exception& e) {
+        throw InputError(name + ": a piece or the chat template is not valid UTF-8 (" + e.what() + ")");
+    }
 }
 
 }  // namespace quest

@@ -22,6 +22,11 @@ of the C++ code under test. Files written:
                            convert_hf_to_gguf.py writes a Llama tokenizer (below), with a 1-layer random F32 Llama
   spm_demo_hf/             the same weights as a Hugging Face folder (config.json, model.safetensors; the test adds
                            demo-512.model as tokenizer.model), so that the two can be compared end to end
+  tiny_bpe.gguf            a 2-layer Llama shaped like SmolLM2's GGUF (tied embeddings, token_embd Q8_0, matrices
+                           Q4_1, norms F32, random weights) carrying a byte-level BPE vocabulary as convert_hf_to_gguf.py
+                           writes one (tokenizer.ggml.model gpt2, pre "smollm", tokens / merges / token_type, bos /
+                           eos) made from tests/fixtures/tokenizer/bpe/smollm2/tokenizer.json, and SmolLM2's ChatML
+                           chat template: `quest quantize` from a GGUF writes its tokenizer.json without SmolLM2 itself
   fuzz/corpus/gguf/seed-*  seeds of the fuzz_gguf target: the small files above, the tiny model with Q4_0 / Q4_1 /
                            Q8_0 matrices, truncated copies, and spm_demo.gguf
 
@@ -334,6 +339,56 @@ def write_spm_llama(path: pathlib.Path, tensors: dict, cfg: dict, model_file: pa
     llama_metadata(w, cfg, cfg["vocab_size"], vocab=False)
     spm_vocab(w, model_file, cfg["vocab_size"], cfg.get("bos_token_id"), cfg.get("eos_token_id"))
     add_llama_tensors(w, tensors, cfg)
+SMOLLM2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\n"
+    "You are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}{% endif %}"
+    "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+def write_tiny_bpe() -> None:
+    """tiny_bpe.gguf: the vocabulary of the smollm2 tokenizer fixture in GGUF form (as convert_hf_to_gguf.py's
+    _set_vocab_gpt2 writes it: every id's text, added tokens typed CONTROL when special else USER_DEFINED, merges as
+    "a b"), on a small random model quantized like SmolLM2's file."""
+    tj = json.loads((ROOT / "tests" / "fixtures" / "tokenizer" / "bpe" / "smollm2" / "tokenizer.json").read_text())
+    n = 1 + max(list(tj["model"]["vocab"].values()) + [a["id"] for a in tj["added_tokens"]])
+    tokens, types = [None] * n, [1] * n
+    for piece, i in tj["model"]["vocab"].items():
+        tokens[i] = piece
+    for a in tj["added_tokens"]:
+        tokens[a["id"]] = a["content"]
+        types[a["id"]] = 3 if a["special"] else 4
+    assert all(t is not None for t in tokens)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    cfg = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
+           "num_key_value_heads": 2, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+           "vocab_size": n}
+    h, f, q, kv = 64, 128, 64, 32
+    rng = np.random.default_rng(20250135)
+    w = GGUFWriter(str(OUT / "tiny_bpe.gguf"), "llama")
+    w.add_name("tiny_bpe")
+    llama_metadata(w, cfg, n, vocab=False)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("smollm")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(tokens.index("<|im_start|>"))
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_add_bos_token(False)
+    w.add_chat_template(SMOLLM2_CHAT_TEMPLATE)
+    w.add_tensor("token_embd.weight", quantize(0.5 * rng.standard_normal((n, h)).astype(np.float32), T.Q8_0),
+                 raw_dtype=T.Q8_0)
+    for l in range(cfg["num_hidden_layers"]):
+        for name, shape in (("attn_norm.weight", (h,)), ("attn_q.weight", (q, h)), ("attn_k.weight", (kv, h)),
+                            ("attn_v.weight", (kv, h)), ("attn_output.weight", (h, q)), ("ffn_norm.weight", (h,)),
+                            ("ffn_gate.weight", (f, h)), ("ffn_up.weight", (f, h)), ("ffn_down.weight", (h, f))):
+            if len(shape) == 1:
+                w.add_tensor(f"blk.{l}.{name}", (1 + 0.1 * rng.standard_normal(shape)).astype(np.float32))
+            else:
+                t = (rng.standard_normal(shape) / np.sqrt(shape[1])).astype(np.float32)
+                w.add_tensor(f"blk.{l}.{name}", quantize(t, T.Q4_1), raw_dtype=T.Q4_1)
+    w.add_tensor("output_norm.weight", np.ones(h, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -407,6 +462,7 @@ def main() -> None:
     tiny = write_tiny_tied(rng)
     write_spm_demo(np.random.default_rng(20250125))
     write_fuzz_seeds(tiny)
+    write_tiny_bpe()
     for p in sorted(list(OUT.rglob("*")) + list((ROOT / "fuzz" / "corpus" / "gguf").glob("*"))):
         if p.is_file():
             print(f"{p.relative_to(ROOT)}: {p.stat().st_size} bytes")

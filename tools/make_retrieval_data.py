@@ -13,7 +13,8 @@ project's own stories in tools/data/demo_corpus.txt) with facts hidden in it and
             an object with each other, then one to three questions ("What is the code for the blue door? The code
             for the blue door is 7310."). Issue 8 measures page selection on this task.
 
-A document is a list of segments; each segment is encoded with SentencePiece on its own and the ids are
+A document is a list of segments; each segment is encoded with the tokenizer (SentencePiece, or a Hugging Face
+tokenizer.json with --tokenizer path/tokenizer.json, e.g. SmolLM2's) on its own and the ids are
 concatenated (what the engine's prompt builder does), so a sample's ids are exact and cheap to build: the filler
 sentences are encoded once and drawn from a pool.
 
@@ -216,6 +217,7 @@ class Composer:
     def __init__(self, sp, seed=0, pool_size=20000, stories=None):
         self.sp = sp
         self.bos = sp.bos_id()
+        self.bos_ids = [self.bos] if self.bos is not None and self.bos >= 0 else []
         rng = random.Random(seed)
         if stories is None:
             stories, _ = split_stories(read_stories())
@@ -302,7 +304,7 @@ class Composer:
         """Exactly `make_passkey_prompt` of engine/eval.cpp at `context` tokens, then the answer."""
         key = key if key is not None else rng.randint(10000, 99999)
         depth = rng.random() if depth is None else depth
-        task = [self.bos] + list(self.enc(ENGINE_TASK, cache=True))
+        task = self.bos_ids + list(self.enc(ENGINE_TASK, cache=True))
         filler = self.enc(ENGINE_FILLER, cache=True)
         needle = self.enc(engine_needle(key))
         question = self.enc(ENGINE_QUESTION, cache=True)
@@ -368,8 +370,9 @@ class Composer:
     # -- ids ------------------------------------------------------------------------------------------------------
 
     def encode_doc(self, doc):
-        """(ids int32, answer mask bool): every segment encoded on its own, BOS first."""
-        parts, mask = [np.asarray([self.bos], dtype=np.int32)], [np.zeros(1, dtype=bool)]
+        """(ids int32, answer mask bool): every segment encoded on its own, BOS first (when the tokenizer adds one)."""
+        parts = [np.asarray(self.bos_ids, dtype=np.int32)]
+        mask = [np.zeros(len(self.bos_ids), dtype=bool)]
         for t, a, f, x in zip(doc.segs, doc.answer, doc.filler, doc.ids):
             ids = x if x is not None else self.enc(t, cache=f)
             parts.append(ids)
@@ -518,7 +521,32 @@ def train_tokenizer(vocab=2048, seed=0):
     return model.getvalue()
 
 
+class HfTokenizer:
+    """A Hugging Face tokenizer.json behind the two SentencePieceProcessor calls the Composer makes. bos_id() is the
+    id the tokenizer's post-processor puts before a text (-1 when it adds none, as SmolLM2's and Qwen2's do), so
+    that the prompts start as `quest eval passkey` starts them (Tokenizer::encode with add_bos)."""
+
+    def __init__(self, path):
+        from tokenizers import Tokenizer
+        self.tok = Tokenizer.from_file(str(path))
+        plain, added = self.tok.encode("a", add_special_tokens=False).ids, self.tok.encode("a").ids
+        self.bos = added[0] if len(added) > len(plain) and added[1:] == plain else -1
+
+    def bos_id(self):
+        return self.bos
+
+    def encode(self, text):
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+
 def load_sp(path):
+    """--tokenizer: a SentencePiece tokenizer.model, or a tokenizer.json (or a folder holding one, e.g. the folder
+    `quest quantize` writes from a GGUF file)."""
+    path = pathlib.Path(path)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if path.suffix == ".json":
+        return HfTokenizer(path)
     import sentencepiece as spm
     return spm.SentencePieceProcessor(model_file=str(path))
 

@@ -402,4 +402,11 @@ void gguf_check_tensors_present(const GgufFile& f, const ModelConfig& c) {
 
 std::string gguf_chat_template(const GgufFile& f) { return f.get_string("tokenizer.chat_template").value_or(""); }
 
+TokenizerJsonFiles gguf_tokenizer_json(const GgufFile& f, const ModelConfig& c) {
+    const std::unique_ptr<Tokenizer> tok = gguf_tokenizer(f);
+    const auto* bpe = dynamic_cast<const BpeTokenizer*>(tok.get());
+    if (!bpe) throw std::logic_error("gguf_tokenizer returned a tokenizer that is not byte-level BPE");
+    return write_tokenizer_json(bpe->data(), gguf_chat_template(f), c.max_position_embeddings);
+}
+
 }  // namespace quest

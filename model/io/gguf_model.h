@@ -38,6 +38,7 @@
 #include "model/io/gguf.h"
 #include "model/io/gguf_quants.h"
 #include "model/io/weights.h"
+#include "tokenizer/bpe.h"
 #include "tokenizer/tokenizer.h"
 
 namespace quest {
@@ -91,5 +92,11 @@ void gguf_check_tensors_present(const GgufFile& f, const ModelConfig& c);
 
 // tokenizer.chat_template, "" when absent.
 std::string gguf_chat_template(const GgufFile& f);
+
+// The file's tokenizer as a Hugging Face folder holds it: tokenizer.json from the byte-level BPE vocabulary (the
+// pre-tokenizer regexes of tokenizer.ggml.pre written out as Split steps) and tokenizer_config.json with BOS, EOS
+// and the chat template, so that load_tokenizer on the folder gives the ids gguf_tokenizer gives. The InputErrors
+// of gguf_tokenizer when the file has no vocabulary this engine reads.
+TokenizerJsonFiles gguf_tokenizer_json(const GgufFile& f, const ModelConfig& c);
 
 }  // namespace quest

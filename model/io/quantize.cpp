@@ -13,6 +13,7 @@
 
 #include "kernels/common/basic_ops.h"
 #include "model/io/atomic_file.h"
+#include "model/io/gguf_model.h"
 #include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/model_folder.h"
@@ -694,10 +695,21 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
                                  {"modules_not_quantized", kept}};
     // Every output file is written whole or not at all (an interrupted quantize leaves no partial file).
     write_file_atomic(out / "config.json", cj.dump(2) + "\n");
-    if (model.is_gguf())  // the vocabulary stays in the GGUF (no tokenizer.json writer yet)
-        say("note: " + in.string() + "'s tokenizer is not written to " + out.string() +
-            " (GGUF vocabularies are not converted to tokenizer.json yet): the output runs bench and soak, not text");
-    else
+    if (model.is_gguf()) {
+        // The GGUF's vocabulary, merges and chat template as tokenizer.json + tokenizer_config.json. A file whose
+        // vocabulary this engine cannot read gives a folder without a tokenizer, said here.
+        std::optional<TokenizerJsonFiles> tj;
+        try {
+            tj = gguf_tokenizer_json(*model.gguf, config);
+        } catch (const InputError& e) {
+            say("note: no tokenizer written to " + out.string() + " (" + e.what() +
+                "): the output runs bench and soak, not text");
+        }
+        if (tj) {
+            write_file_atomic(out / "tokenizer.json", tj->tokenizer_json);
+            write_file_atomic(out / "tokenizer_config.json", tj->tokenizer_config_json);
+        }
+    } else
         for (const char* name : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                                  "generation_config.json", "tokenizer.json"})
             if (std::filesystem::exists(in / name)) copy_file_atomic(in / name, out / name);
