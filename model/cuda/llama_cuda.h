@@ -144,6 +144,7 @@ private:
         __half* wdown = nullptr;  // [hidden][intermediate]
         float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
         float* mlp_norm = nullptr;   // [hidden]
+        float* bqkv = nullptr;       // [q_dim + 2 kv_dim] q|k|v biases (Qwen2), else null: added after the qkv GEMV
         // The same matrices in int4 (the FP16 pointer above is null then): qkv4 [q_dim + 2 kv_dim][hidden],
         // o4 [hidden][q_dim], gu4 [2 intermediate][hidden] (rows interleaved as wgu), down4 [hidden][intermediate].
         Int4View qkv4, o4, gu4, down4;

@@ -207,6 +207,7 @@ void CudaLlama::carve_weights() {
         take_linear(l.wdown, l.down4, H, F, groups_[i][3]);
         l.attn_norm = reinterpret_cast<float*>(take(H * 4));
         l.mlp_norm = reinterpret_cast<float*>(take(H * 4));
+        if (c_.qkv_bias) l.bqkv = reinterpret_cast<float*>(take(qkv_bias_floats(c_) * 4));
     }
     final_norm_ = reinterpret_cast<float*>(take(H * 4));
     lm_head_ = c_.tie_word_embeddings ? embed_ : reinterpret_cast<__half*>(take(V * H * 2));

@@ -210,6 +210,8 @@ void CudaLlama::load_weights(const ModelFolder& model) {
         Layer& L = layers_[l];
         upload(N::layer(l, "input_layernorm.weight"), {H}, nullptr, L.attn_norm);
         upload_linear(l, 0, L.wqkv, L.qkv4);
+        if (L.bqkv)
+            upload_qkv_bias(L.bqkv, c_, l, [&](const std::string& n, int64_t len) { return load_tensor_f32(files, n, {&len, 1}); });
         upload_linear(l, 1, L.wo, L.o4);
         upload(N::layer(l, "post_attention_layernorm.weight"), {H}, nullptr, L.mlp_norm);
         upload_linear(l, 2, L.wgu, L.gu4);
@@ -296,6 +298,7 @@ void CudaLlama::load_weights_gguf(const GgufFile& f) {
         Layer& L = layers_[l];
         upload32(N::layer(l, "input_layernorm.weight"), L.attn_norm);
         upload_linear(l, 0, L.wqkv, L.qkv4);
+        if (L.bqkv) upload_qkv_bias(L.bqkv, c_, l, [&](const std::string& n, int64_t len) { return host(n, {len}); });
         upload_linear(l, 1, L.wo, L.o4);
         upload32(N::layer(l, "post_attention_layernorm.weight"), L.mlp_norm);
         upload_linear(l, 2, L.wgu, L.gu4);
@@ -333,6 +336,7 @@ void CudaLlama::randomize_weights(uint64_t seed) {
         fill_linear(l.wdown, l.down4, H, F);
         fill_norm(l.attn_norm);
         fill_norm(l.mlp_norm);
+        if (l.bqkv) fill_random_float(l.bqkv, qkv_bias_floats(c_), ++s, 0.5f, 0.0f, stream_);
     }
     fill_norm(final_norm_);
     if (!c_.tie_word_embeddings) fill(lm_head_, V * H, H);
