@@ -15,6 +15,7 @@
 #include <csignal>
 #include <unistd.h>
 
+#include "model/core/config.h"
 #include "model/core/backend.h"
 #include "model/io/model_folder.h"
 #include "engine/backend_factory.h"
@@ -50,8 +51,8 @@ struct ModelFlags {
 
     void add(CLI::App& app, bool model_required = true) {
         auto* m = app.add_option("-m,--model", model_dir,
-                                 "model: a Hugging Face Llama folder (config.json, safetensors, tokenizer.json/.model) "
-                                 "or a .gguf file");
+                                 "model: a Hugging Face folder (config.json, safetensors, tokenizer.json/.model) or a "
+                                 ".gguf file; architectures: " + supported_architectures());
         if (model_required) m->required();
         app.add_option("-c,--context", context, "KV cache capacity in tokens (default: prompt + new tokens)");
         add_settings_flags(app, settings);

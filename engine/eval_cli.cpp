@@ -11,6 +11,7 @@
 #include "engine/cli.h"
 #include "engine/eval.h"
 #include "engine/settings_cli.h"
+#include "model/core/config.h"
 #include "model/io/atomic_file.h"
 #include "kernels/common/error.h"
 #include "model/cpu/llama_cpu.h"
@@ -80,7 +81,8 @@ EvalCommand add_eval_command(CLI::App& parent) {
     cmd.app = parent.add_subcommand("eval", "Quality of sparse attention through the decode path: passkey, ppl, jsonl");
     cmd.app->require_subcommand(1);
     auto common = [flags](CLI::App* a) {
-        a->add_option("-m,--model", flags->model, "Hugging Face Llama folder or .gguf file")->required();
+        a->add_option("-m,--model", flags->model,
+                      "Hugging Face folder or .gguf file (" + supported_architectures() + ")")->required();
         a->add_option("--budgets", flags->budgets, "comma-separated Quest budgets, 'full' for full attention")
             ->capture_default_str();
         add_settings_flags(*a, flags->settings, kEvalSkips);

@@ -77,6 +77,25 @@ TEST(Cli, MissingPiecesOfAModelFolder) {
     EXPECT_THAT(r.err, HasSubstr("config.json"));
 }
 
+TEST(Cli, UnknownArchitectureIsOneLineNamingTheFileAndTheList) {
+    const auto m = small_model("cli_arch");
+    std::string cfg;
+    {
+        std::ifstream in(m / "config.json");
+        cfg.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const size_t at = cfg.find("\"LlamaForCausalLM\"");
+    ASSERT_NE(at, std::string::npos);
+    cfg.replace(at, 18, "\"GPTNeoXForCausalLM\"");
+    std::ofstream(m / "config.json") << cfg;
+    const RunResult r = run_quest("generate -m '" + m.string() + "' -p hi -n 4");
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_THAT(r.err, HasSubstr("error: " + (m / "config.json").string() +
+                                 ": field 'architectures': unsupported architecture [\"GPTNeoXForCausalLM\"] "
+                                 "(supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)\n"));
+    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+}
+
 TEST(Cli, BadFlagsExitTwo) {
     const auto m = small_model("cli_flags");
     const std::string base = "generate -m '" + m.string() + "' -p hi -n 4 ";

@@ -159,8 +159,9 @@ std::string raw_error(const std::string& json) {
 TEST(Config, InvalidTopLevel) {
     const std::string ok =
         R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4, "vocab_size": 256)";
-    EXPECT_THAT(raw_error("{\"architectures\": [\"MistralForCausalLM\"], " + ok + "}"),
-                HasSubstr("unsupported architecture"));
+    EXPECT_THAT(raw_error("{\"architectures\": [\"GPT2LMHeadModel\"], " + ok + "}"),
+                HasSubstr("bad/config.json: field 'architectures': unsupported architecture [\"GPT2LMHeadModel\"] "
+                          "(supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
     EXPECT_THAT(raw_error("{\"model_type\": \"gpt2\", " + ok + "}"), HasSubstr("model_type"));
     EXPECT_THAT(raw_error("{not json"), HasSubstr("not valid JSON"));
     EXPECT_THAT(raw_error("[1, 2]"), HasSubstr("JSON object"));
@@ -211,4 +212,98 @@ TEST(Config, DimensionsAreBoundedAtParseTime) {
     EXPECT_EQ(raw_error(R"({"hidden_size": 65536, "intermediate_size": 1048576, "num_hidden_layers": 1024,
         "num_attention_heads": 1024, "num_key_value_heads": 1024, "head_dim": 1024, "vocab_size": 4194304,
         "max_position_embeddings": 16777216})"), "(no error)");
+}
+
+// ---------------------------------------------------------------- architectures
+
+namespace {
+const std::string kSmall =
+    R"("hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4, "vocab_size": 256)";
+ModelConfig parse_small(const std::string& fields) { return parse_model_config("{" + kSmall + ", " + fields + "}", "m/config.json"); }
+std::string small_error(const std::string& fields) { return raw_error("{" + kSmall + ", " + fields + "}"); }
+std::vector<int> windows(const ModelConfig& c) {
+    std::vector<int> w;
+    for (int l = 0; l < c.num_layers; ++l) w.push_back(c.attention_window(l));
+    return w;
+}
+}  // namespace
+
+TEST(Config, LlamaHasNoBiasesAndNoWindow) {
+    const ModelConfig c = parse_small(R"("architectures": ["LlamaForCausalLM"], "sliding_window": 16)");
+    EXPECT_EQ(c.architecture, Architecture::Llama);
+    EXPECT_FALSE(c.qkv_bias);
+    EXPECT_EQ(windows(c), (std::vector<int>{0, 0, 0, 0}));  // LlamaConfig has no sliding_window
+    EXPECT_EQ(parse_small(R"("model_type": "llama")").architecture, Architecture::Llama);
+}
+
+// MistralConfig: sliding_window on every layer (default 4096, null: none); layer_types is ignored by MistralModel.
+TEST(Config, MistralWindowOnEveryLayer) {
+    const ModelConfig c = parse_small(R"("architectures": ["MistralForCausalLM"], "model_type": "mistral",
+        "sliding_window": 24, "layer_types": ["full_attention", "full_attention", "full_attention", "full_attention"])");
+    EXPECT_EQ(c.architecture, Architecture::Mistral);
+    EXPECT_FALSE(c.qkv_bias);
+    EXPECT_EQ(windows(c), (std::vector<int>{24, 24, 24, 24}));
+    EXPECT_TRUE(c.window_matters(25));
+    EXPECT_FALSE(c.window_matters(24));
+    EXPECT_EQ(windows(parse_small(R"("architectures": ["MistralForCausalLM"])")),
+              (std::vector<int>{4096, 4096, 4096, 4096}));
+    EXPECT_EQ(windows(parse_small(R"("architectures": ["MistralForCausalLM"], "sliding_window": null)")),
+              (std::vector<int>{0, 0, 0, 0}));
+    EXPECT_EQ(parse_small(R"("model_type": "mistral", "sliding_window": 8)").architecture, Architecture::Mistral);
+    EXPECT_THAT(small_error(R"("architectures": ["MistralForCausalLM"], "sliding_window": 0)"),
+                HasSubstr("field 'sliding_window'"));
+}
+
+// Qwen2Config.__post_init__: sliding_window only with use_sliding_window; the windowed layers from layer_types, else
+// i >= max_window_layers (default 28).
+TEST(Config, Qwen2BiasesAndWindowedLayers) {
+    ModelConfig c = parse_small(R"("architectures": ["Qwen2ForCausalLM"], "sliding_window": 32, "max_window_layers": 1)");
+    EXPECT_EQ(c.architecture, Architecture::Qwen2);
+    EXPECT_TRUE(c.qkv_bias);
+    EXPECT_EQ(windows(c), (std::vector<int>{0, 0, 0, 0}));  // use_sliding_window defaults to false
+    c = parse_small(R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 32,
+                       "max_window_layers": 2)");
+    EXPECT_EQ(windows(c), (std::vector<int>{0, 0, 32, 32}));
+    c = parse_small(R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 32)");
+    EXPECT_EQ(windows(c), (std::vector<int>{0, 0, 0, 0}));  // max_window_layers 28 >= 4 layers
+    c = parse_small(R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "max_window_layers": 3)");
+    EXPECT_EQ(windows(c), (std::vector<int>{0, 0, 0, 4096}));  // sliding_window defaults to 4096
+    c = parse_small(R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 16,
+        "max_window_layers": 0,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"])");
+    EXPECT_EQ(windows(c), (std::vector<int>{16, 0, 16, 0}));  // layer_types wins over max_window_layers
+    EXPECT_THAT(small_error(R"("architectures": ["Qwen2ForCausalLM"], "sliding_window": 16,
+        "layer_types": ["sliding_attention", "full_attention", "full_attention", "full_attention"])"),
+                HasSubstr("no window"));
+    EXPECT_THAT(small_error(R"("architectures": ["Qwen2ForCausalLM"], "layer_types": ["full_attention"])"),
+                HasSubstr("field 'layer_types'"));
+    EXPECT_THAT(small_error(R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true,
+        "layer_types": ["full_attention", "chunked_attention", "full_attention", "full_attention"])"),
+                HasSubstr("chunked_attention"));
+    // Biases are Qwen2's own: attention_bias stays a Llama error.
+    EXPECT_THAT(small_error(R"("architectures": ["LlamaForCausalLM"], "attention_bias": true)"),
+                HasSubstr("attention biases are not supported for LlamaForCausalLM"));
+}
+
+TEST(Config, ArchitectureAndModelTypeMustAgree) {
+    EXPECT_THAT(small_error(R"("architectures": ["Qwen2ForCausalLM"], "model_type": "llama")"),
+                HasSubstr("contradicts"));
+    EXPECT_THAT(small_error(R"("model_type": "gpt2")"),
+                HasSubstr("unsupported model type 'gpt2' (supported: llama, mistral, qwen2)"));
+    EXPECT_THAT(small_error(R"("architectures": [])"), HasSubstr("unsupported architecture"));
+    EXPECT_EQ(supported_architectures(), "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM");
+}
+
+TEST(Config, ArchitecturesRoundTripThroughJson) {
+    for (const char* fields :
+         {R"("architectures": ["MistralForCausalLM"], "sliding_window": 24)",
+          R"("architectures": ["MistralForCausalLM"], "sliding_window": null)",
+          R"("architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, "sliding_window": 8, "max_window_layers": 3)",
+          R"("architectures": ["Qwen2ForCausalLM"])"}) {
+        const ModelConfig a = parse_small(fields);
+        const ModelConfig b = parse_model_config(model_config_to_json(a), "round-trip");
+        EXPECT_EQ(a.architecture, b.architecture) << fields;
+        EXPECT_EQ(a.qkv_bias, b.qkv_bias) << fields;
+        EXPECT_EQ(windows(a), windows(b)) << fields;
+    }
 }

@@ -507,7 +507,9 @@ TEST(GgufLlama, NameMapping) {
     EXPECT_EQ(hf_name_from_gguf("blk.3.attn_output.weight"), "model.layers.3.self_attn.o_proj.weight");
     EXPECT_FALSE(gguf_name_from_hf("model.layers.01.mlp.up_proj.weight"));
     EXPECT_FALSE(gguf_name_from_hf("model.layers.x.mlp.up_proj.weight"));
-    EXPECT_FALSE(hf_name_from_gguf("blk.1.attn_q.bias"));
+    EXPECT_EQ(hf_name_from_gguf("blk.1.attn_q.bias"), "model.layers.1.self_attn.q_proj.bias");  // Qwen2
+    EXPECT_EQ(gguf_name_from_hf("model.layers.2.self_attn.v_proj.bias"), "blk.2.attn_v.bias");
+    EXPECT_FALSE(hf_name_from_gguf("blk.1.attn_output.bias"));
     EXPECT_FALSE(hf_name_from_gguf("rope_freqs.weight"));
 }
 
@@ -724,6 +726,90 @@ TEST(GgufLlama, ConfigErrorsNameTheKey) {
     EXPECT_EQ(c.head_dim, 8);
     EXPECT_EQ(c.rms_norm_eps, 1e-5);
     EXPECT_TRUE(c.tie_word_embeddings);  // no output.weight
+}
+
+TEST(GgufLlama, ArchitecturesAndTheSlidingWindowKey) {
+    auto s = [](const char* k, const char* v) { return Raw().str(k).u32(8).str(v).b; };
+    auto u = [](const char* k, uint32_t v) { return Raw().str(k).u32(4).u32(v).b; };
+    auto model = [&](const char* arch, std::vector<std::string> extra) {
+        const std::string a = arch;
+        auto key = [&](const char* k) { return a + "." + k; };
+        Tiny t;
+        t.kv = {s("general.architecture", arch), u(key("embedding_length").c_str(), 64),
+                u(key("feed_forward_length").c_str(), 128), u(key("block_count").c_str(), 2),
+                u(key("context_length").c_str(), 256), u(key("attention.head_count").c_str(), 8),
+                u(key("vocab_size").c_str(), 256),
+                Raw().str(key("attention.layer_norm_rms_epsilon")).u32(6).u32(0x3727c5ac).b};
+        for (auto& e : extra) t.kv.push_back(e);
+        return t;
+    };
+    EXPECT_THAT(input_error([&] { gguf_model_config(*open_bytes(model("gemma", {}).bytes())); }),
+                HasSubstr("mem.gguf: key 'general.architecture': unsupported architecture 'gemma' (supported: llama, "
+                          "mistral, qwen2; i.e. LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)"));
+    const ModelConfig q = gguf_model_config(*open_bytes(model("qwen2", {}).bytes()));
+    EXPECT_EQ(q.architecture, Architecture::Qwen2);
+    EXPECT_TRUE(q.qkv_bias);
+    EXPECT_EQ(gguf_permuted_heads("model.layers.0.self_attn.q_proj.weight", q), 0);  // Qwen2Model does not permute
+    const ModelConfig l = gguf_model_config(*open_bytes(model("llama", {}).bytes()));
+    EXPECT_EQ(l.architecture, Architecture::Llama);
+    EXPECT_EQ(gguf_permuted_heads("model.layers.0.self_attn.q_proj.weight", l), 8);
+    const ModelConfig m = gguf_model_config(*open_bytes(model("llama", {u("llama.attention.sliding_window", 32)}).bytes()));
+    EXPECT_EQ(m.architecture, Architecture::Mistral);
+    EXPECT_EQ(m.attention_window(0), 32);
+    EXPECT_EQ(m.attention_window(1), 32);
+    EXPECT_THAT(input_error([&] {
+                    gguf_model_config(*open_bytes(model("qwen2", {u("qwen2.attention.sliding_window", 32)}).bytes()));
+                }),
+                HasSubstr("key 'qwen2.attention.sliding_window': a sliding window in a qwen2 GGUF is not supported"));
+}
+
+// tests/fixtures/hf/qwen2_gqa2 written as the converter writes a Qwen2 model (tools/make_gguf_fixtures.py): biases
+// mapped, rows not permuted, every tensor equal to the checkpoint's, and transformers' logits on the CPU backend.
+TEST(GgufQwen2, TensorsAndLogitsEqualTheHfCheckpoint) {
+    const auto f = GgufFile::open(fixtures() / "qwen2_gqa2.gguf");
+    const fs::path hf_dir = test::source_dir() / "tests" / "fixtures" / "hf" / "qwen2_gqa2";
+    const ModelConfig c = gguf_model_config(*f);
+    EXPECT_EQ(c.architecture, Architecture::Qwen2);
+    EXPECT_TRUE(c.qkv_bias);
+    const ModelFiles hf(hf_dir);
+    int biases = 0;
+    for (const TensorSpec& s : llama_tensor_specs(c)) {
+        SCOPED_TRACE(s.name);
+        EXPECT_TRUE(same_bits(gguf_load_tensor_f32(*f, c, s.name, s.shape), load_tensor_f32(hf, s.name, s.shape)));
+        biases += s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
+    }
+    EXPECT_EQ(biases, 3 * c.num_layers);
+    auto weights = std::make_shared<const LlamaWeightsF32>(load_llama_weights_f32_gguf(*f, c));
+    ASSERT_EQ(weights->layers[1].bk.size(), size_t(c.kv_dim()));
+    const auto ref = SafeTensorsFile::open(hf_dir / "reference.safetensors");
+    auto floats = [&](const char* name) {
+        const TensorInfo* t = ref->find(name);
+        std::vector<float> out(size_t(t->numel()));
+        if (t->dtype == DType::I32) {
+            std::vector<int32_t> ids(out.size());
+            std::memcpy(ids.data(), ref->data(*t), t->nbytes());
+            for (size_t i = 0; i < ids.size(); ++i) out[i] = float(ids[i]);
+        } else {
+            convert_to_f32(t->dtype, ref->data(*t), out.data(), out.size());
+        }
+        return out;
+    };
+    const std::vector<float> prompt_f = floats("prompt_ids"), decode_f = floats("decode_ids");
+    const std::vector<float> decode_ref = floats("decode_logits");
+    QuestSettings full;
+    full.full_attention = true;
+    CpuLlama model(weights, full, int(prompt_f.size() + decode_f.size()));
+    model.prefill(std::vector<int>(prompt_f.begin(), prompt_f.end()));
+    const int V = c.vocab_size;
+    for (size_t i = 0; i < decode_f.size(); ++i) {
+        const auto logits = model.decode(int(decode_f[i]));
+        double num = 0, den = 0;
+        for (int j = 0; j < V; ++j) {
+            num += double(logits[j] - decode_ref[i * V + j]) * (logits[j] - decode_ref[i * V + j]);
+            den += double(decode_ref[i * V + j]) * decode_ref[i * V + j];
+        }
+        EXPECT_LE(std::sqrt(num / den), 1e-4) << "decode step " << i;
+    }
 }
 
 // ---------------------------------------------------------------------------------------------------------------------

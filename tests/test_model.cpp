@@ -80,7 +80,87 @@ TEST_P(HfParity, CpuMatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, HfParity,
                          ::testing::Values("mha_hd64", "gqa4_hd128", "gqa8_hd64_tied", "linear_x4_legacy",
-                                           "dynamic_x2", "yarn_x4_legacy", "llama3_x8", "bf16_gqa2", "f16_gqa4"));
+                                           "dynamic_x2", "yarn_x4_legacy", "llama3_x8", "bf16_gqa2", "f16_gqa4",
+                                           "qwen2_gqa2", "qwen2_swa24", "mistral_swa24"));
+
+// The fixtures of the other architectures are what they claim (the parity above would pass for a Llama model too).
+TEST(HfParity, ArchitectureFixturesUseTheirFeatures) {
+    const ModelConfig q = open_model_folder(fixture_dir("qwen2_gqa2")).config;
+    EXPECT_EQ(q.architecture, Architecture::Qwen2);
+    EXPECT_TRUE(q.qkv_bias);
+    EXPECT_EQ(q.sliding_window, 0);
+    const ModelConfig qs = open_model_folder(fixture_dir("qwen2_swa24")).config;
+    EXPECT_EQ(qs.attention_window(0), 0);
+    EXPECT_EQ(qs.attention_window(1), 24);
+    EXPECT_EQ(qs.attention_window(2), 24);
+    const ModelConfig m = open_model_folder(fixture_dir("mistral_swa24")).config;
+    EXPECT_EQ(m.architecture, Architecture::Mistral);
+    EXPECT_FALSE(m.qkv_bias);
+    EXPECT_EQ(m.attention_window(0), 24);
+    EXPECT_EQ(m.attention_window(1), 24);
+}
+
+namespace {
+struct WindowRun {
+    std::vector<std::vector<float>> logits;                      // [step][vocab]
+    std::vector<std::vector<std::vector<std::vector<int>>>> sel;  // [step][layer][head] pages
+};
+// The fixture's prompt and decode tokens through the CPU backend with `q`.
+WindowRun run_fixture(const std::string& name, const QuestSettings& q) {
+    const auto dir = fixture_dir(name);
+    const ModelFolder model = open_model_folder(dir);
+    const auto ref = SafeTensorsFile::open(dir / "reference.safetensors");
+    const auto prompt = read_tensor<int32_t>(*ref, "prompt_ids", DType::I32);
+    const auto decode_ids = read_tensor<int32_t>(*ref, "decode_ids", DType::I32);
+    auto backend = make_cpu_backend(model, q, int(prompt.size() + decode_ids.size()));
+    backend->prefill(std::vector<int>(prompt.begin(), prompt.end()));
+    WindowRun r;
+    for (int id : decode_ids) {
+        const auto l = backend->decode(id);
+        r.logits.emplace_back(l.begin(), l.end());
+        r.sel.push_back(dynamic_cast<CpuLlama&>(*backend).last_selection());
+    }
+    return r;
+}
+}  // namespace
+
+// Quest inside a 24-token window (context 57..64, pages of 8): a budget that covers the window (K = 4 pages: the
+// window spans at most 4) is a dense step over the window's pages and equals windowed full attention bit for bit
+// (which matches transformers: HfParity); a budget of 2 pages selects, always within the window (which pages: the
+// brute-force check of tests/test_quest.cpp, SlidingWindow.QuestCandidatesAreTheWindowsPages).
+TEST(SlidingWindow, QuestSelectsInsideTheWindow) {
+    for (const char* name : {"mistral_swa24", "qwen2_swa24"}) {
+        const ModelConfig c = open_model_folder(fixture_dir(name)).config;
+        QuestSettings covering;
+        covering.page_size = 8;
+        covering.budget = 32;
+        covering.dense_layers = c.attention_window(0) > 0 ? 0 : 1;  // Quest in every windowed layer
+        QuestSettings small = covering;
+        small.budget = 16;
+        const WindowRun full = run_fixture(name, full_attention());
+        const WindowRun cov = run_fixture(name, covering);
+        const WindowRun sel = run_fixture(name, small);
+        EXPECT_EQ(cov.logits, full.logits) << name;
+        const int prompt = 56;
+        bool differs = false;
+        for (size_t i = 0; i < sel.logits.size(); ++i) {
+            differs |= sel.logits[i] != full.logits[i];
+            for (float v : sel.logits[i]) ASSERT_TRUE(std::isfinite(v));
+            const int len = prompt + int(i) + 1;
+            for (int l = covering.dense_layers; l < c.num_layers; ++l) {
+                const int w = c.attention_window(l);
+                const int first_page = w > 0 ? std::max(0, len - w) / 8 : 0, last = (len - 1) / 8;
+                for (const auto& pages : sel.sel[i][l]) {
+                    ASSERT_EQ(pages.size(), 2u) << name << " layer " << l;
+                    EXPECT_GE(pages.front(), first_page) << name << " layer " << l << " step " << i;
+                    EXPECT_EQ(pages.back(), last);
+                }
+            }
+        }
+        EXPECT_TRUE(differs) << name << ": the 2-page budget selected everything";
+    }
+}
+
 
 TEST(Stories260K, GreedyFromBosGivesTheLilyText) {
     const auto dir = test::shared_dir() / "models/stories260K";

@@ -285,3 +285,76 @@ TEST(SelectionCompare, EqualNearTieAndRealDifference) {
     EXPECT_FALSE(c.equal);
     EXPECT_FALSE(c.near_tie);
 }
+
+// ---------------------------------------------------------------- sliding windows
+
+// A window starting at token w0: the candidates are the complete pages from the one holding w0 on, ranked by the
+// same bound; the selection equals the brute-force ranking over [w0 / S, P - 1) plus the last page, for every
+// selector-independent rule (dense when the window's pages fit the budget), and reads exclude the masked head.
+TEST(SlidingWindow, QuestCandidatesAreTheWindowsPages) {
+    std::mt19937 rng(11);
+    for (int trial = 0; trial < 40; ++trial) {
+        const int kvh = 1 + trial % 2, group = 1 + trial % 3, nh = kvh * group, d = 16, S = 8;
+        const int len = 40 + (trial * 29) % 200, window = 9 + (trial * 13) % 60, K = 2 + trial % 4;
+        const int w0 = std::max(0, len - window);
+        RandomLayer L(rng, kvh, d, S, len);
+        const auto q = random_vec(rng, size_t(nh) * d);
+        QuestSelectArgs a{q.data(), L.cache.kmin(0), L.cache.kmax(0), nh, kvh, d, L.cache.shape().pages(),
+                          len, S, K, GqaPolicy::KvSum};
+        a.window_start = w0;
+        Selection sel;
+        select_blocks_ref(a, sel);
+        const int P = (len + S - 1) / S, f = w0 / S, in_window = P - f;
+        int64_t kv_tokens = 0;
+        for (int h = 0; h < nh; ++h) {
+            const auto& pages = sel.blocks[h];
+            ASSERT_FALSE(pages.empty());
+            EXPECT_EQ(pages.back(), P - 1);
+            if (in_window <= K) {
+                std::vector<int> want;
+                for (int p = f; p < P; ++p) want.push_back(p);
+                EXPECT_EQ(pages, want) << "dense over the window, trial " << trial;
+            } else {
+                const int kv = h / group;
+                std::vector<float> agg(P - 1, 0.0f);
+                for (int p = f; p < P - 1; ++p)
+                    for (int g = 0; g < group; ++g) {
+                        float u = 0;
+                        const float* mn = L.cache.kmin(0) + (size_t(kv) * L.cache.shape().pages() + p) * d;
+                        const float* mx = L.cache.kmax(0) + (size_t(kv) * L.cache.shape().pages() + p) * d;
+                        const float* qh = &q[size_t(kv * group + g) * d];
+                        for (int i = 0; i < d; ++i) u += std::max(qh[i] * mn[i], qh[i] * mx[i]);
+                        agg[p] += u;
+                    }
+                std::vector<int> order;
+                for (int p = f; p < P - 1; ++p) order.push_back(p);
+                std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return agg[x] > agg[y]; });
+                std::vector<int> want(order.begin(), order.begin() + (K - 1));
+                std::sort(want.begin(), want.end());
+                want.push_back(P - 1);
+                EXPECT_EQ(pages, want) << "trial " << trial << " head " << h;
+            }
+            if (h % group == 0)
+                for (int p : pages) kv_tokens += std::min(len, (p + 1) * S) - std::max(p * S, w0);
+        }
+        EXPECT_EQ(sel.reads.kv_tokens, kv_tokens) << "trial " << trial;
+    }
+}
+
+// The sparse attention masks the head of the window's first page token by token: the same as attention over the
+// window's tokens copied out on their own.
+TEST(SlidingWindow, PagesAttentionMasksBeforeTheWindow) {
+    std::mt19937 rng(12);
+    const int d = 32, S = 8, len = 77, w0 = 77 - 30;  // the window starts inside page 5
+    RandomLayer L(rng, 1, d, S, len);
+    const auto q = random_vec(rng, d);
+    const std::vector<int> pages = {5, 6, 7, 8, 9};
+    std::vector<float> got(d), full(d), want(d);
+    attention_pages_ref(got.data(), q.data(), L.cache.keys(0, 0), L.cache.values(0, 0), d, len, S, pages, 0.2f, w0);
+    attention_full_ref(full.data(), q.data(), L.cache.keys(0, 0), L.cache.values(0, 0), d, len, 0.2f, w0);
+    EXPECT_EQ(got, full);  // bit for bit
+    const std::vector<float> k(L.cache.keys(0, 0) + size_t(w0) * d, L.cache.keys(0, 0) + size_t(len) * d);
+    const std::vector<float> v(L.cache.values(0, 0) + size_t(w0) * d, L.cache.values(0, 0) + size_t(len) * d);
+    attention_full_ref(want.data(), q.data(), k.data(), v.data(), d, len - w0, 0.2f);
+    for (int i = 0; i < d; ++i) EXPECT_NEAR(got[i], want[i], 1e-5f * (1 + std::abs(want[i])));
+}

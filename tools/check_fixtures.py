@@ -8,14 +8,14 @@ import sys
 import torch
 import transformers
 from safetensors.torch import load_file
-from transformers import LlamaForCausalLM
+from transformers import AutoModelForCausalLM
 
 root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(os.path.dirname(__file__), "..", "tests", "fixtures", "hf")
 worst = 0.0
 for name in sorted(os.listdir(root)):
     d = os.path.join(root, name)
     ref = load_file(os.path.join(d, "reference.safetensors"))
-    model = LlamaForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
     with torch.no_grad():
         o = model(input_ids=ref["prompt_ids"].long()[None], use_cache=True)
         pre = o.logits[0]

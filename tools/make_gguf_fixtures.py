@@ -16,6 +16,11 @@ of the C++ code under test. Files written:
                            convert_hf_to_gguf.py writes a Llama model: GGUF tensor names, q_proj / k_proj rows
                            permuted (LlamaModel.permute), 1-D norms in F32, matrices in F16 (the checkpoint's dtype, so
                            every value is kept exactly), the config.json fields as llama.* metadata
+  qwen2_gqa2.gguf          tests/fixtures/hf/qwen2_gqa2 (Qwen2ForCausalLM, BF16) the way the converter writes a
+                           Qwen2 model (conversion/qwen.py, Qwen2Model): architecture "qwen2", qwen2.* metadata, the
+                           q/k/v biases as blk.N.attn_{q,k,v}.bias in F32, and NO Q/K permutation (Qwen2Model does
+                           not apply LlamaModel.permute); matrices in BF16 as stored. Needs torch to read the BF16
+                           checkpoint: run it alone with --only qwen2 in a torch venv.
   tiny_tied.gguf           a 1-layer Llama with tied embeddings and yarn rope scaling, random F32 weights
   tiny_tied_hf.safetensors the same weights in Hugging Face layout (names, unpermuted rows)
   spm_demo.gguf            a SentencePiece ("llama") vocabulary, tests/fixtures/tokenizer/demo-512.model written as
@@ -183,6 +188,9 @@ LAYER_NAMES = {
     "mlp.gate_proj.weight": "ffn_gate.weight",
     "mlp.up_proj.weight": "ffn_up.weight",
     "mlp.down_proj.weight": "ffn_down.weight",
+    "self_attn.q_proj.bias": "attn_q.bias",
+    "self_attn.k_proj.bias": "attn_k.bias",
+    "self_attn.v_proj.bias": "attn_v.bias",
 }
 GLOBAL_NAMES = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                 "lm_head.weight": "output.weight"}
@@ -196,9 +204,10 @@ def gguf_name(hf: str) -> str:
     return f"blk.{parts[2]}." + LAYER_NAMES[".".join(parts[3:])]
 
 
-def write_llama(path: pathlib.Path, tensors: dict, cfg: dict, matrix_types: tuple = ()) -> None:
-    """A Llama GGUF as the converter writes it; matrix_types (cycled) quantizes the 2-D tensors (fuzz seeds)."""
-    w = GGUFWriter(str(path), "llama")
+def write_llama(path: pathlib.Path, tensors: dict, cfg: dict, matrix_types: tuple = (), arch: str = "llama") -> None:
+    """A Llama GGUF as the converter writes it; matrix_types (cycled) quantizes the 2-D tensors (fuzz seeds).
+    arch "qwen2": the same keys under qwen2.*, rows not permuted (Qwen2Model)."""
+    w = GGUFWriter(str(path), arch)
     w.add_name(path.stem)
     llama_metadata(w, cfg, cfg["vocab_size"])
     add_llama_tensors(w, tensors, cfg, matrix_types)
@@ -217,10 +226,15 @@ def add_llama_tensors(w: GGUFWriter, tensors: dict, cfg: dict, matrix_types: tup
         w.add_rope_scaling_orig_ctx_len(rs["original_max_position_embeddings"])
     n_head, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     for hf, t in tensors.items():
-        if hf.endswith("q_proj.weight"):
+        if arch == "qwen2":
+            pass
+        elif hf.endswith("q_proj.weight"):
             t = permute(t, n_head)
         elif hf.endswith("k_proj.weight"):
             t = permute(t, n_kv)
+        if t.dtype == np.uint16:  # BF16 bit patterns
+            w.add_tensor(gguf_name(hf), np.ascontiguousarray(t), raw_dtype=T.BF16)
+            continue
         if t.ndim == 1:
             t = t.astype(np.float32)  # the converter keeps 1-D tensors (norms) in F32
         if t.ndim == 2 and matrix_types:
@@ -236,6 +250,17 @@ def write_llama_gqa4() -> None:
     tensors = load_file(str(src / "model.safetensors"))
     assert all(t.dtype == np.float16 for t in tensors.values())
     write_llama(OUT / "llama_gqa4.gguf", tensors, cfg)
+
+
+def write_qwen2_gqa2() -> None:
+    import torch  # the checkpoint is BF16, which numpy cannot read
+    from safetensors.torch import load_file as load_torch
+    src = ROOT / "tests" / "fixtures" / "hf" / "qwen2_gqa2"
+    cfg = json.loads((src / "config.json").read_text())
+    # 1-D tensors in F32 (as the converter writes them), matrices in BF16 as they are (uint16 bit patterns).
+    tensors = {k: v.to(torch.float32).numpy() if v.dim() == 1 else v.view(torch.int16).numpy().view(np.uint16)
+               for k, v in load_torch(str(src / "model.safetensors")).items()}
+    write_llama(OUT / "qwen2_gqa2.gguf", tensors, cfg, arch="qwen2")
 
 
 def write_tiny_tied(rng: np.random.Generator) -> dict:
@@ -456,6 +481,9 @@ def main() -> None:
         write_shared(pathlib.Path(sys.argv[2]))
         return
     OUT.mkdir(parents=True, exist_ok=True)
+    if sys.argv[1:] == ["--only", "qwen2"]:
+        write_qwen2_gqa2()
+        return
     rng = np.random.default_rng(20240601)
     write_types(rng)
     write_llama_gqa4()

@@ -17,14 +17,14 @@ float dot(const float* a, const float* b, int n) {
 }  // namespace
 
 void attention_pages_ref(float* out, const float* q, const float* k, const float* v, int head_dim, int len,
-                         int page_size, std::span<const int> pages, float scale) {
+                         int page_size, std::span<const int> pages, float scale, int first) {
     // Pass 1: logits of every visited token, and their maximum.
     std::vector<int> tokens;
     std::vector<float> logits;
     float max_logit = -std::numeric_limits<float>::infinity();
     for (int p : pages) {
         const int t1 = std::min(len, (p + 1) * page_size);
-        for (int t = p * page_size; t < t1; ++t) {
+        for (int t = std::max(p * page_size, first); t < t1; ++t) {
             const float s = dot(q, k + static_cast<int64_t>(t) * head_dim, head_dim) * scale;
             tokens.push_back(t);
             logits.push_back(s);
@@ -46,10 +46,10 @@ void attention_pages_ref(float* out, const float* q, const float* k, const float
 }
 
 void attention_full_ref(float* out, const float* q, const float* k, const float* v, int head_dim, int len,
-                        float scale) {
+                        float scale, int first) {
     // A page size of len makes every token part of page 0.
     const int pages[] = {0};
-    attention_pages_ref(out, q, k, v, head_dim, len, std::max(len, 1), pages, scale);
+    attention_pages_ref(out, q, k, v, head_dim, len, std::max(len, 1), pages, scale, first);
 }
 
 void attention_page_mass_ref(float* mass, const float* q, const float* k, int head_dim, int len, int page_size,

@@ -55,9 +55,11 @@ __global__ void __launch_bounds__(kThreads) decode_split_kernel(__half* out, con
         pdl_wait();
         return;
     }
-    const Spans sp = decode_spans(len, split_tokens, wave_splits, ws.max_splits);
+    // Keys [lo, len): the whole sequence, or the layer's sliding window.
+    const int lo = kv.window > 0 && len > kv.window ? len - kv.window : 0;
+    const Spans sp = decode_spans(len - lo, split_tokens, wave_splits, ws.max_splits);
     const int active = sp.active;
-    const int t0 = split * sp.span;
+    const int t0 = lo + split * sp.span;
     if (split >= active) {  // span beyond the sequence: it takes no ticket and the merge ignores it
         pdl_wait();
         return;

@@ -25,7 +25,7 @@ int default_split_tokens(int capacity);
 int decode_max_splits(int capacity, int split_tokens);
 
 // q: [num_heads][head_dim] fp16 (rotated). The sequence holds len = *d_pos + 1 tokens (the current one included,
-// already appended). out: [num_heads][head_dim] fp16. The kernel reads len on the device and cuts it into equal spans
+// already appended); the query attends the last kv.window of them when kv.window > 0 (spans cut over those). out: [num_heads][head_dim] fp16. The kernel reads len on the device and cuts it into equal spans
 // of at most split_tokens tokens, as many as make whole waves of the resident grid (a length just past a wave
 // boundary would otherwise run a nearly empty last wave: measured on the H200 as an 18% step-time jump for 6% more
 // bytes at 37K tokens of a 128K cache), at least 64 tokens each, at most ws.max_splits (>= ceil(capacity /

@@ -27,7 +27,7 @@
 // to 16 along the QK^T reduction (the pad columns of the Q and K tiles are zeroed once and never written again).
 //
 // Resources (nvcc 13.0, sm_90, -Xptxas -v; no spills): registers D=8: 71, 16: 75, 32: 86, 64: 249, 128: 255,
-// 256: 234; dynamic smem D=8/16: 12 KB, 32: 20 KB, 64: 54 KB, 128: 102 KB, 256: 99 KB (2 blocks/SM for D >= 64).
+// 256: 234 (the sliding-window instantiation, W = true, spills 92 bytes at D = 128); dynamic smem D=8/16: 12 KB, 32: 20 KB, 64: 54 KB, 128: 102 KB, 256: 99 KB (2 blocks/SM for D >= 64).
 // H200, D = 128, 32 heads, T = 2048 at the end of a 32K context: ~3.0 ms, ~350 TFLOP/s.
 #include "kernels/attention/attention_prefill.cuh"
 #include "kernels/common/device_utils.cuh"
@@ -108,11 +108,13 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 // Fragment ownership (PTX ISA, mma.m16n8k16): lane = 4 * g + c. Accumulator element e of an n8 tile sits at row
 // g + 8 * (e >> 1), column 2 * c + (e & 1). Warp w owns block rows [w * 16 * MT, (w + 1) * 16 * MT); its m16 tile
 // mt holds rows w * 16 * MT + mt * 16 + [0, 16).
-template <int D>
+// W: a sliding window (kv.window > 0) is applied; a separate instantiation, so that the full-attention kernel keeps
+// its registers (the window's bounds cost spills at D = 128).
+template <int D, bool W>
 __global__ void __launch_bounds__(kThreads)
     attention_prefill_kernel(__half* __restrict__ out, const __half* __restrict__ q, const __half* __restrict__ kc,
                              const __half* __restrict__ vc, int T, int pos0, int num_heads, int group, int capacity,
-                             float scale_log2) {
+                             float scale_log2, int window) {
     using C = PrefillCfg<D>;
     constexpr int MT = C::MT;
     constexpr int BQ = C::BQ;
@@ -136,6 +138,9 @@ __global__ void __launch_bounds__(kThreads)
     const int q1 = min(q0 + BQ, T);
     const int kv_end = pos0 + q1;  // keys [0, kv_end) are visible to some query of this block
     const int n_tiles = (kv_end + BK - 1) / BK;
+    // Sliding window: query p sees keys (p - window, p]; tiles below the block's first query's window are skipped
+    // (for every row of the block they are wholly masked: skipping them is exact, and chunking stays bit-identical).
+    const int j_first = W ? max(0, pos0 + q0 - window + 1) / BK : 0;
     const int kvh = h / group;
 
     const int tid = threadIdx.x;
@@ -190,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
             cp_async16(dV + 2u * (i * LD_ROWS * PITCH), vbase + o_i, ok ? 16 : 0);
         }
     };
-    load_kv(0, 0);
+    load_kv(j_first, j_first & 1);
     cp_async_commit();
 
     // Per-lane ldmatrix offsets (halves). Q (A operand, x4): matrices {rows 0-7, 8-15} x {cols 0-7, 8-15} in the
@@ -212,6 +217,10 @@ __global__ void __launch_bounds__(kThreads)
         for (int r = 0; r < 2; ++r) lim[mt][r] = min(pos0 + q0 + warp_row0 + mt * 16 + g + 8 * r, kv_end - 1);
     const int warp_lim = min(pos0 + q0 + warp_row0 + 16 * MT - 1, kv_end - 1);
     const int warp_diag = pos0 + q0 + warp_row0;     // tiles whose last key exceeds this need the mask
+    // Window: row r sees keys > lim - window (no per-row array: registers are tight at D = 128); the warp's lowest
+    // and highest such bounds decide which tiles are skipped and which are masked.
+    const int warp_low_min = W ? warp_diag - window + 1 : 0;  // tiles wholly below it: skipped
+    const int warp_low_max = W ? warp_lim - window + 1 : 0;   // tiles starting below it: masked
     const bool warp_active = q0 + warp_row0 < T;     // else all the warp's rows are padding
 
     float m[MT][2];  // running max of the scaled (log2-domain) scores
@@ -241,7 +250,7 @@ __global__ void __launch_bounds__(kThreads)
         if constexpr (C::kQAlias) __syncthreads();
     }
 
-    for (int j = 0; j < n_tiles; ++j) {
+    for (int j = j_first; j < n_tiles; ++j) {
         if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) & 1);
         cp_async_commit();   // possibly empty: keeps one group per iteration
         cp_async_wait<1>();  // everything but the newest group (tile j + 1) has landed
@@ -249,7 +258,7 @@ __global__ void __launch_bounds__(kThreads)
 
         const int k0 = j * BK;
         // Warp-uniform: skip tiles wholly past the warp's last row (an exact no-op: P = 0, max unchanged).
-        if (warp_active && k0 <= warp_lim) {
+        if (warp_active && k0 <= warp_lim && (!W || k0 + BK - 1 >= warp_low_min)) {
             const uint32_t tK = sK_u32 + 2u * ((j & 1) * BK * PITCH + k_lane);
             const uint32_t tV = sV_u32 + 2u * ((j & 1) * BK * PITCH + v_lane);
 
@@ -288,7 +297,7 @@ __global__ void __launch_bounds__(kThreads)
 
             // Scale into the log2 domain; mask keys past each row's causal limit (warp-uniform branch: only tiles
             // crossing the warp's diagonal or the end of the valid keys).
-            const bool need_mask = k0 + BK - 1 > warp_diag;
+            const bool need_mask = k0 + BK - 1 > warp_diag || (W && k0 < warp_low_max);
 #pragma unroll
             for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -296,7 +305,9 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
                     for (int e = 0; e < 4; ++e) {
                         s[mt][n][e] *= scale_log2;
-                        if (need_mask && k0 + n * 8 + 2 * cq + (e & 1) > lim[mt][e >> 1]) s[mt][n][e] = -INFINITY;
+                        const int key = k0 + n * 8 + 2 * cq + (e & 1);
+                        if (need_mask && (key > lim[mt][e >> 1] || (W && key + window <= lim[mt][e >> 1])))
+                            s[mt][n][e] = -INFINITY;
                     }
 
             // Online softmax: new row max (quad-reduced), rescale O and l, exponentiate in place.
@@ -381,11 +392,11 @@ __global__ void __launch_bounds__(kThreads)
         }
 }
 
-template <int D>
+template <int D, bool W>
 void launch_prefill(__half* out, const __half* q, const KvLayerView& kv, int T, int pos0, int num_heads, float scale,
                     cudaStream_t stream) {
     using C = PrefillCfg<D>;
-    const auto kernel = attention_prefill_kernel<D>;
+    const auto kernel = attention_prefill_kernel<D, W>;
     constexpr size_t smem = C::kSmemBytes;
     if constexpr (smem > 48 * 1024) {
         CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
@@ -398,7 +409,7 @@ void launch_prefill(__half* out, const __half* q, const KvLayerView& kv, int T, 
     const float log2e = 1.4426950408889634f;
     const dim3 grid(unsigned(num_heads), unsigned(ceil_div(T, C::BQ)));
     kernel<<<grid, kThreads, smem, stream>>>(out, q, kv.k, kv.v, T, pos0, num_heads, num_heads / kv.num_kv_heads,
-                                             kv.capacity, scale * log2e);
+                                             kv.capacity, scale * log2e, kv.window);
     CUDA_CHECK_LAUNCH();
 }
 
@@ -420,7 +431,11 @@ void attention_prefill(__half* out, const __half* q, const KvLayerView& kv, int 
                   "attention_prefill: num_heads = " + std::to_string(num_heads) +
                       " must be a positive multiple of num_kv_heads = " + std::to_string(kv.num_kv_heads));
     with_head_dim(kv.head_dim, "attention_prefill", [&](auto d) {
-        launch_prefill<decltype(d)::value>(out, q, kv, T, pos0, num_heads, scale, stream);
+        // A window no shorter than the sequence changes nothing: the full-attention kernel.
+        if (kv.window > 0 && kv.window < pos0 + T)
+            launch_prefill<decltype(d)::value, true>(out, q, kv, T, pos0, num_heads, scale, stream);
+        else
+            launch_prefill<decltype(d)::value, false>(out, q, kv, T, pos0, num_heads, scale, stream);
     });
 }
 

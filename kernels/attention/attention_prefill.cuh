@@ -7,7 +7,8 @@
 
 namespace quest {
 
-// q: [T][num_heads][head_dim] fp16, query t at absolute position pos0 + t attends keys [0, pos0 + t].
+// q: [T][num_heads][head_dim] fp16, query t at absolute position pos0 + t attends keys [0, pos0 + t], or with a
+// sliding window (kv.window > 0) keys [max(0, pos0 + t - window + 1), pos0 + t].
 // out: [T][num_heads][head_dim] fp16. head_dim in {8, 16, 32, 64, 128, 256}.
 void attention_prefill(__half* out, const __half* q, const KvLayerView& kv, int T, int pos0, int num_heads, float scale,
                        cudaStream_t stream);

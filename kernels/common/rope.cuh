@@ -35,6 +35,10 @@ struct KvLayerView {
     int capacity = 0;   // tokens
     int page_size = 0;  // S
     int max_pages = 0;  // capacity / S
+    // Sliding window of the layer (ModelConfig::attention_window), 0 for full attention: the token at position p
+    // attends keys (p - window, p]. Read by attention_prefill and attention_decode; the Quest launches do not
+    // honour it (the CUDA backend refuses Quest layers whose window is shorter than the cache).
+    int window = 0;
 };
 
 // qkv: [T][num_heads*D | num_kv_heads*D | num_kv_heads*D] fp32 (the fused projection's output).

@@ -405,8 +405,25 @@ void two_level_select_ref(const QuestSelectArgs& a, Selection& out) {
     }
 }
 
-void select_blocks_ref(const QuestSelectArgs& a, Selection& out) {
-    check_args(a);
+void select_blocks_ref(const QuestSelectArgs& args, Selection& out) {
+    check_args(args);
+    if (args.window_start < 0 || args.window_start >= args.len)
+        throw std::invalid_argument("select: window_start must be in [0, len)");
+    // The window's pages renumbered from 0: page f (holding window_start) becomes page 0.
+    const int f = args.window_start / args.page_size;
+    const int64_t skip = static_cast<int64_t>(f) * args.page_size;
+    QuestSelectArgs a = args;
+    if (f > 0) {
+        a.len -= static_cast<int>(skip);
+        a.window_start -= static_cast<int>(skip);
+        a.kmin += static_cast<int64_t>(f) * a.head_dim;
+        a.kmax += static_cast<int64_t>(f) * a.head_dim;
+        if (a.keys) a.keys += skip * a.head_dim;
+        if (a.sub_page > 0 && a.sub_kmin) {
+            a.sub_kmin += skip / a.sub_page * a.head_dim;
+            a.sub_kmax += skip / a.sub_page * a.head_dim;
+        }
+    }
     const int P = num_pages_of(a);
     out = Selection{};
     out.blocks.assign(a.num_heads, {});
@@ -417,9 +434,23 @@ void select_blocks_ref(const QuestSelectArgs& a, Selection& out) {
             std::iota(s.begin(), s.end(), 0);
         }
         out.reads = dense_reads(a.len, a.num_kv_heads);
-        return;
+    } else {
+        page_selector_def(a.selector).select_cpu(a, out);
     }
-    page_selector_def(a.selector).select_cpu(a, out);
+    // The masked head of the window's first page is not read: per selection row that lists its blocks.
+    const int off = a.window_start, bs = out.block_size;
+    if (off > 0) {
+        const int group = a.num_heads / a.num_kv_heads;
+        const int stride = out.reads.dense || a.policy != GqaPolicy::PerHead ? group : 1;
+        for (int h = 0; h < a.num_heads; h += stride)
+            for (int b : out.blocks[h])
+                if (b * bs < off) out.reads.kv_tokens -= std::min(off, (b + 1) * bs) - b * bs;
+    }
+    if (f > 0) {
+        const int shift = static_cast<int>(skip / bs);
+        for (auto& blocks : out.blocks)
+            for (int& b : blocks) b += shift;
+    }
 }
 
 void quest_select_ref(const QuestSelectArgs& a, std::vector<std::vector<int>>& selected) {

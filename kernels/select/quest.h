@@ -76,6 +76,12 @@ struct QuestSelectArgs {
     // metadata (two_level_matched_sub_pages): the metadata saved by int8 bounds buys KV tokens, and the fine
     // metadata is paid for with KV tokens, so the step never reads more bytes than Quest's.
     bool match_bytes = false;
+    // Sliding window (a layer of MistralForCausalLM / Qwen2ForCausalLM): the first token attended, len - window
+    // when the window is shorter than the sequence, else 0. select_blocks_ref hands the selector the pages from the
+    // one holding window_start on, renumbered from 0 (pointers advanced, strides unchanged: every selector honours
+    // the window without knowing of it) and shifts its blocks back; the tokens before window_start in that first
+    // page are masked by the attention (attention_pages_ref's `first`), and not counted in out.reads.
+    int window_start = 0;
 };
 
 
@@ -85,7 +91,8 @@ struct QuestSelectArgs {
 void quest_select_ref(const QuestSelectArgs& a, std::vector<std::vector<int>>& selected);
 
 // Every selector: fills out.blocks (in units of out.block_size tokens) and out.reads. Dispatches to the policies
-// below; the dense step (P <= K) is shared: every page, block_size = page_size.
+// below; the dense step (P <= K, P counted from the page holding window_start) is shared: every page of the
+// window, block_size = page_size.
 void select_blocks_ref(const QuestSelectArgs& a, Selection& out);
 
 // --- Bounds with quantized metadata ---

@@ -25,6 +25,43 @@ std::string_view rope_type_name(RopeType t) {
     return "?";
 }
 
+std::string_view architecture_name(Architecture a) {
+    switch (a) {
+        case Architecture::Llama: return "LlamaForCausalLM";
+        case Architecture::Mistral: return "MistralForCausalLM";
+        case Architecture::Qwen2: return "Qwen2ForCausalLM";
+    }
+    return "?";
+}
+
+namespace {
+constexpr Architecture kArchitectures[] = {Architecture::Llama, Architecture::Mistral, Architecture::Qwen2};
+constexpr const char* kModelTypes[] = {"llama", "mistral", "qwen2"};  // config.json model_type, in the same order
+
+bool architecture_from_name(const std::string& name, Architecture& out) {
+    for (Architecture a : kArchitectures)
+        if (name == architecture_name(a)) {
+            out = a;
+            return true;
+        }
+    return false;
+}
+bool architecture_from_model_type(const std::string& type, Architecture& out) {
+    for (size_t i = 0; i < std::size(kModelTypes); ++i)
+        if (type == kModelTypes[i]) {
+            out = kArchitectures[i];
+            return true;
+        }
+    return false;
+}
+}  // namespace
+
+std::string supported_architectures() {
+    std::string s;
+    for (Architecture a : kArchitectures) s += (s.empty() ? "" : ", ") + std::string(architecture_name(a));
+    return s;
+}
+
 bool ModelConfig::is_eos(int token) const {
     return std::find(eos_token_ids.begin(), eos_token_ids.end(), token) != eos_token_ids.end();
 }
@@ -177,6 +214,57 @@ void parse_rope(const json& root, const std::string& source, ModelConfig& c) {
     }
 }
 
+// The window of each layer, as transformers 5 derives it. Mistral (MistralConfig, MistralModel): sliding_window
+// (null: none) on every layer; layer_types is ignored. Qwen2 (Qwen2Config.__post_init__): sliding_window only with
+// use_sliding_window (default false; sliding_window defaults to 4096), on the layers of layer_types that say
+// "sliding_attention", or without layer_types on the layers i >= max_window_layers (default 28). Llama has none.
+void parse_sliding_window(const json& root, const Fields& f, ModelConfig& c) {
+    c.sliding_window = 0;
+    c.window_layers.clear();
+    if (c.architecture == Architecture::Llama) return;
+    auto window_value = [&](int def) -> int {
+        if (!root.contains("sliding_window")) return def;
+        if (root.at("sliding_window").is_null()) return 0;
+        return f.dimension("sliding_window", kMaxPositions);
+    };
+    if (c.architecture == Architecture::Mistral) {
+        c.sliding_window = window_value(4096);
+        c.window_layers.assign(c.num_layers, true);
+    } else {
+        const bool use = f.boolean_or("use_sliding_window", false);
+        const int window = use ? window_value(4096) : 0;
+        std::vector<bool> sliding(c.num_layers, false);
+        if (f.has("layer_types")) {
+            const json& t = root.at("layer_types");
+            if (!t.is_array() || t.size() != static_cast<size_t>(c.num_layers))
+                f.fail("layer_types", "expected an array of num_hidden_layers (" + std::to_string(c.num_layers) +
+                                          ") strings, got " + t.dump());
+            for (size_t i = 0; i < t.size(); ++i) {
+                const std::string v = t[i].is_string() ? t[i].get<std::string>() : t[i].dump();
+                if (v != "full_attention" && v != "sliding_attention")
+                    f.fail("layer_types", "entry " + std::to_string(i) + " is '" + v +
+                                              "' (expected full_attention or sliding_attention)");
+                sliding[i] = v == "sliding_attention";
+            }
+            const bool any = std::find(sliding.begin(), sliding.end(), true) != sliding.end();
+            if (any && window == 0)  // transformers raises at the first forward: the sliding layers have no window
+                f.fail("layer_types", "names sliding_attention layers, but there is no window (sliding_window null or "
+                                      "use_sliding_window false)");
+        } else if (window > 0) {
+            const long long first = f.has("max_window_layers") ? f.integer("max_window_layers") : 28;
+            if (first < 0) f.fail("max_window_layers", "expected an integer >= 0, got " + std::to_string(first));
+            for (int i = 0; i < c.num_layers; ++i) sliding[i] = i >= first;
+        }
+        c.sliding_window = window;
+        c.window_layers = std::move(sliding);
+    }
+    // No layer slides: the same model as without a window.
+    if (c.sliding_window == 0 || std::find(c.window_layers.begin(), c.window_layers.end(), true) == c.window_layers.end()) {
+        c.sliding_window = 0;
+        c.window_layers.clear();
+    }
+}
+
 // Every accepted config must give finite rotary frequencies and scaling at every length the engine uses (the
 // parameters are checked one by one above; this catches their combinations, e.g. a yarn ramp or a llama3 blend
 // that overflows fp32). Dynamic NTK depends on the length: checked at the model's maximum and at the largest int.
@@ -205,26 +293,37 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
     if (!root.is_object()) throw InputError(source + ": expected a JSON object at the top level");
     const Fields f(root, source, "");
 
-    // Architecture: only the Llama family (model_type llama, LlamaForCausalLM).
+    // Architecture: architectures[0] (what transformers instantiates) or, without that list, model_type.
+    ModelConfig c;
     if (f.has("architectures")) {
         const json& a = root.at("architectures");
-        bool llama = false;
         std::string names;
         if (a.is_array())
-            for (const auto& n : a) {
-                if (n.is_string() && n.get<std::string>() == "LlamaForCausalLM") llama = true;
-                names += (names.empty() ? "" : ", ") + n.dump();
-            }
-        if (!llama) f.fail("architectures", "unsupported architecture [" + names + "] (expected LlamaForCausalLM)");
+            for (const auto& n : a) names += (names.empty() ? "" : ", ") + n.dump();
+        else
+            names = a.dump();
+        if (!a.is_array() || a.empty() || !a[0].is_string() || !architecture_from_name(a[0].get<std::string>(), c.architecture))
+            f.fail("architectures", "unsupported architecture [" + names + "] (supported: " + supported_architectures() + ")");
     }
-    if (f.has("model_type") && f.string("model_type") != "llama")
-        f.fail("model_type", "unsupported model type '" + f.string("model_type") + "' (expected llama)");
+    if (f.has("model_type")) {
+        const std::string t = f.string("model_type");
+        Architecture from_type;
+        if (!architecture_from_model_type(t, from_type))
+            f.fail("model_type", "unsupported model type '" + t + "' (supported: llama, mistral, qwen2)");
+        if (f.has("architectures") && from_type != c.architecture)
+            f.fail("model_type", "'" + t + "' contradicts architectures [\"" +
+                                     std::string(architecture_name(c.architecture)) + "\"]");
+        c.architecture = from_type;
+    }
     if (f.has("hidden_act") && f.string("hidden_act") != "silu")
         f.fail("hidden_act", "unsupported activation '" + f.string("hidden_act") + "' (expected silu)");
-    if (f.boolean_or("attention_bias", false)) f.fail("attention_bias", "attention biases are not supported");
-    if (f.boolean_or("mlp_bias", false)) f.fail("mlp_bias", "MLP biases are not supported");
+    if (c.architecture == Architecture::Llama) {  // Mistral and Qwen2 have no such options (transformers ignores them)
+        if (f.boolean_or("attention_bias", false))
+            f.fail("attention_bias", "attention biases are not supported for LlamaForCausalLM");
+        if (f.boolean_or("mlp_bias", false)) f.fail("mlp_bias", "MLP biases are not supported");
+    }
+    c.qkv_bias = c.architecture == Architecture::Qwen2;  // Qwen2Attention: q/k/v with bias=True, o_proj without
 
-    ModelConfig c;
     c.hidden_size = f.dimension("hidden_size", kMaxHiddenSize);
     c.intermediate_size = f.dimension("intermediate_size", kMaxIntermediateSize);
     c.num_layers = f.dimension("num_hidden_layers", kMaxLayers);
@@ -290,6 +389,7 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
         break;
     }
 
+    parse_sliding_window(root, f, c);
     parse_rope(root, source, c);
     check_rope_frequencies(c, source);
     return c;
@@ -305,8 +405,8 @@ ModelConfig load_model_config(const std::filesystem::path& config_json) {
 
 std::string model_config_to_json(const ModelConfig& c) {
     json j;
-    j["architectures"] = {"LlamaForCausalLM"};
-    j["model_type"] = "llama";
+    j["architectures"] = {std::string(architecture_name(c.architecture))};
+    j["model_type"] = kModelTypes[static_cast<int>(c.architecture)];
     j["hidden_size"] = c.hidden_size;
     j["intermediate_size"] = c.intermediate_size;
     j["num_hidden_layers"] = c.num_layers;
@@ -322,6 +422,16 @@ std::string model_config_to_json(const ModelConfig& c) {
     j["bos_token_id"] = c.bos_token_id;
     if (c.eos_token_ids.size() == 1) j["eos_token_id"] = c.eos_token_ids[0];
     else j["eos_token_id"] = c.eos_token_ids;
+    if (c.architecture == Architecture::Mistral) {
+        j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+    } else if (c.architecture == Architecture::Qwen2) {
+        j["use_sliding_window"] = c.sliding_window > 0;
+        j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+        json types = json::array();
+        for (int l = 0; l < c.num_layers; ++l)
+            types.push_back(c.attention_window(l) > 0 ? "sliding_attention" : "full_attention");
+        j["layer_types"] = types;
+    }
     j["torch_dtype"] = c.torch_dtype == DType::F16 ? "float16" : c.torch_dtype == DType::BF16 ? "bfloat16" : "float32";
     const RopeScaling& r = c.rope;
     if (r.type != RopeType::Default) {

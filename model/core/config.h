@@ -1,6 +1,7 @@
 #pragma once
-// The model hyper-parameters read from a Hugging Face config.json (LlamaForCausalLM), with the RoPE scaling
-// parameters in either spelling: Llama-2-era `rope_theta` + `rope_scaling {type|rope_type, factor, ...}` or
+// The model hyper-parameters read from a Hugging Face config.json (LlamaForCausalLM, MistralForCausalLM or
+// Qwen2ForCausalLM: one decoder with architecture-specific q/k/v biases and sliding-window layers), with the RoPE
+// scaling parameters in either spelling: Llama-2-era `rope_theta` + `rope_scaling {type|rope_type, factor, ...}` or
 // transformers-5 `rope_parameters {rope_type, rope_theta, ...}`.
 #include <cstdint>
 #include <filesystem>
@@ -11,6 +12,14 @@
 #include "kernels/common/dtype.h"
 
 namespace quest {
+
+// The decoder families served. They share the Llama layer (RMSNorm, RoPE, GQA attention, SwiGLU MLP) and differ in:
+//   Mistral: sliding_window (when set) on every layer; Qwen2: biases on q_proj, k_proj and v_proj, and a sliding
+//   window on the layers transformers' Qwen2Config marks "sliding_attention" (only with use_sliding_window).
+enum class Architecture { Llama, Mistral, Qwen2 };
+std::string_view architecture_name(Architecture a);  // the config.json spelling: "LlamaForCausalLM", ...
+// "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM": for --help and error messages.
+std::string supported_architectures();
 
 enum class RopeType { Default, Linear, Dynamic, Yarn, Llama3 };
 std::string_view rope_type_name(RopeType t);
@@ -58,6 +67,21 @@ struct ModelConfig {
     std::vector<int> eos_token_ids = {2};  // config may give one id or a list
     DType torch_dtype = DType::F32;        // dtype the checkpoint declares (weights are checked on load)
     RopeScaling rope;
+    Architecture architecture = Architecture::Llama;
+    bool qkv_bias = false;  // q_proj, k_proj, v_proj carry biases (Qwen2)
+    // Sliding-window attention (transformers' semantics): a token at position p of a windowed layer attends the keys
+    // at positions (p - sliding_window, p], i.e. the last sliding_window tokens, itself included. 0: no window.
+    int sliding_window = 0;
+    std::vector<bool> window_layers;  // [num_layers] when sliding_window > 0: the layers that use the window
+
+    // The window of layer l in tokens, 0 for full attention.
+    int attention_window(int l) const {
+        return sliding_window > 0 && l >= 0 && l < static_cast<int>(window_layers.size()) && window_layers[l]
+                   ? sliding_window
+                   : 0;
+    }
+    // True when some layer's window is shorter than `tokens` (below it a window changes nothing).
+    bool window_matters(int64_t tokens) const { return sliding_window > 0 && sliding_window < tokens; }
 
     int q_dim() const { return num_heads * head_dim; }
     int kv_dim() const { return num_kv_heads * head_dim; }

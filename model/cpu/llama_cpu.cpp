@@ -159,6 +159,12 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
         matmul_ref(q.data(), L.wq.data(), xn.data(), n, c.q_dim(), H);
         matmul_ref(k.data(), L.wk.data(), xn.data(), n, c.kv_dim(), H);
         matmul_ref(v.data(), L.wv.data(), xn.data(), n, c.kv_dim(), H);
+        if (c.qkv_bias)  // Qwen2
+            for (int t = 0; t < n; ++t) {
+                add_inplace_ref(&q[size_t(t) * c.q_dim()], L.bq.data(), c.q_dim());
+                add_inplace_ref(&k[size_t(t) * c.kv_dim()], L.bk.data(), c.kv_dim());
+                add_inplace_ref(&v[size_t(t) * c.kv_dim()], L.bv.data(), c.kv_dim());
+            }
         for (int t = 0; t < n; ++t) {
             const int pos = pos_ + t;
             rope_ref(&q[size_t(t) * c.q_dim()], NH, D, pos, rope.inv_freq.data(), rope.attention_scaling);
@@ -166,8 +172,10 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
             cache_.write(l, pos, &k[size_t(t) * c.kv_dim()], &v[size_t(t) * c.kv_dim()]);
         }
         const bool select = quest_step && quest_.quest_layer(l);
+        const int window = c.attention_window(l);  // 0: full attention
         for (int t = 0; t < n; ++t) {
             const int len = pos_ + t + 1;  // the token attends to itself and everything before it
+            const int first = window > 0 ? std::max(0, len - window) : 0;  // ... within its layer's window
             const float* qt = &q[size_t(t) * c.q_dim()];
             if (select) {
                 QuestSelectArgs a;
@@ -194,8 +202,10 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 a.shortlist = quest_.shortlist;
                 a.mass_target = static_cast<float>(quest_.mass_target);
                 a.match_bytes = quest_.match_bytes;
+                a.window_start = first;
                 const int pages = (len + quest_.page_size - 1) / quest_.page_size;
-                if (may_reuse(l, qt, pages)) {
+                // A windowed layer selects afresh each step (a reused page may have left the window).
+                if (window == 0 && may_reuse(l, qt, pages)) {
                     // The anchor's pages (the last one has grown by the tokens since): KV only, no metadata.
                     sel = reuse_[l].sel;
                     sel.reads = SelectionReads{};
@@ -208,7 +218,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                     ++reads_.reused_steps;
                 } else {
                     select_blocks_ref(a, sel);
-                    if (quest_.reuse_cos != 0 && !sel.reads.dense) reuse_[l] = {sel, std::vector<float>(qt, qt + c.q_dim()), pages};
+                    if (quest_.reuse_cos != 0 && !sel.reads.dense && window == 0) reuse_[l] = {sel, std::vector<float>(qt, qt + c.q_dim()), pages};
                 }
                 const int64_t bytes = selection_bytes(sel.reads, D, quest_.metadata);
                 reads_.quest_layer_bytes += bytes;
@@ -220,7 +230,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 }
             } else if (quest_step) {  // a decode step's dense layer (or full attention): every token, no metadata
                 // Layers from dense_layers on count as Quest layers also under full attention (the comparison).
-                const int64_t bytes = selection_bytes(dense_reads(len, NKV), D, quest_.metadata);
+                const int64_t bytes = selection_bytes(dense_reads(len - first, NKV), D, quest_.metadata);
                 (l >= quest_.dense_layers ? reads_.quest_layer_bytes : reads_.dense_layer_bytes) += bytes;
             }
             for (int h = 0; h < NH; ++h) {
@@ -228,16 +238,17 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
                 float* out = &att_out[size_t(t) * c.q_dim() + size_t(h) * D];
                 if (select)
                     attention_pages_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
-                                        sel.block_size, sel.blocks[h], scale);
+                                        sel.block_size, sel.blocks[h], scale, first);
                 else
                     attention_full_ref(out, qt + size_t(h) * D, cache_.keys(l, kvh), cache_.values(l, kvh), D, len,
-                                       scale);
+                                       scale, first);
             }
             if (select) {
                 selection_[l] = sel.blocks;
                 selection_block_[l] = sel.block_size;
             }
-            if (select && diagnostics_) record_selection_mass(l, qt, len, sel.blocks, sel.block_size, scale);
+            // The diagnostics' oracle ranks the whole sequence: not comparable once a window cuts it.
+            if (select && diagnostics_ && first == 0) record_selection_mass(l, qt, len, sel.blocks, sel.block_size, scale);
         }
         if (observer_) observer_(l, LinearSite::O, att_out.data(), n, c.q_dim());
         matmul_ref(proj.data(), L.wo.data(), att_out.data(), n, H, c.q_dim());

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "kernels/attention/attention_prefill.cuh"
+#include "kernels/common/bias.cuh"
 #include "kernels/common/elementwise.cuh"
 #include "kernels/linear/gemv.cuh"
 #include "kernels/linear/linear.h"
@@ -111,6 +112,7 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             const KvLayerView kv = kv_view(l);
             rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, T, H, eps, stream_);
             linear_gemm(qkv_.get(), L.qkv, xn_.get(), T);
+            if (L.bqkv) add_bias_rows(qkv_.get(), L.bqkv, T, L.qkv.rows, stream_);
             rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), T, c_.num_heads, rope, stream_);
             page_metadata_rebuild(kv, pos0 / quest_.page_size, (pos0 + T - 1) / quest_.page_size, pos0 + T, stream_);
             if (const PageCodesView cv = codes_view(l); cv.codes)  // the pages this chunk completed
@@ -213,6 +215,7 @@ void CudaLlama::enqueue_decode_step() {
         for (int l = 0; l < c_.num_layers; ++l) {
             const Layer& L = layers_[l];
             linear_gemv_scaled(qkv_.get(), L.qkv);
+            if (L.bqkv) add_bias_rows(qkv_.get(), L.bqkv, 1, L.qkv.rows, stream_);
             mark("gemv qkv (+norm)");
             enqueue_attention(l, scale);
             linear_gemv_residual(L.mlp_norm, L.o, att_.get());
@@ -233,6 +236,7 @@ void CudaLlama::enqueue_decode_step() {
             rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
             mark("rms_norm");
             linear_gemv(qkv_.get(), L.qkv, xn_.get());
+            if (L.bqkv) add_bias_rows(qkv_.get(), L.bqkv, 1, L.qkv.rows, stream_);
             mark("gemv qkv");
             enqueue_attention(l, scale);
             linear_gemv(proj_.get(), L.o, att_.get());

@@ -3,6 +3,7 @@
 // Quest buffers the settings need, and the byte arithmetic of the memory plan. Internal to model/cuda.
 #include <algorithm>
 #include <array>
+#include <vector>
 
 #include "kernels/linear/gemv.cuh"
 #include "kernels/linear/linear.h"
@@ -10,6 +11,7 @@
 #include "kernels/select/registry.h"
 #include "kernels/select/registry_cuda.h"
 #include "model/cuda/llama_cuda.h"
+#include "model/io/weights.h"
 
 namespace quest::cuda_layout {
 
@@ -21,6 +23,21 @@ inline double gib(size_t b) { return static_cast<double>(b) / (1024.0 * 1024.0 *
 inline std::array<std::array<size_t, 2>, 4> linear_shapes(const ModelConfig& c) {
     const size_t H = c.hidden_size, F = c.intermediate_size, q = c.q_dim(), kv = c.kv_dim();
     return {{{q + 2 * kv, H}, {H, q}, {2 * F, H}, {H, F}}};
+}
+
+// The q|k|v biases of a layer (Qwen2), fp32 in the fused qkv rows' order: q_dim + 2 kv_dim.
+inline size_t qkv_bias_floats(const ModelConfig& c) { return static_cast<size_t>(c.q_dim()) + 2 * c.kv_dim(); }
+
+// Uploads layer l's q, k and v biases to dst (qkv_bias_floats of them); get(name, n) returns a bias as fp32.
+template <class Get>
+void upload_qkv_bias(float* dst, const ModelConfig& c, int l, Get&& get) {
+    std::vector<float> all;
+    for (const char* p : {"q_proj", "k_proj", "v_proj"}) {
+        const std::vector<float> b =
+            get(LlamaTensorNames::layer(l, "self_attn.") + p + ".bias", p[0] == 'q' ? c.q_dim() : c.kv_dim());
+        all.insert(all.end(), b.begin(), b.end());
+    }
+    CUDA_CHECK(cudaMemcpy(dst, all.data(), all.size() * 4, cudaMemcpyHostToDevice));
 }
 
 inline size_t linear_bytes(size_t rows, size_t cols, const LinearStorage& s) {
@@ -36,6 +53,7 @@ inline size_t weight_bytes(const ModelConfig& c, const LinearLayout& g) {
     for (int l = 0; l < c.num_layers; ++l) {
         for (int k = 0; k < 4; ++k) total += linear_bytes(shapes[k][0], shapes[k][1], g[l][k]);
         total += 2 * align_up(H * 4);
+        if (c.qkv_bias) total += align_up(qkv_bias_floats(c) * 4);
     }
     return total + align_up(V * H * 2) * (c.tie_word_embeddings ? 1 : 2) + align_up(H * 4);
 }

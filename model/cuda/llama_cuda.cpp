@@ -42,6 +42,13 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                          "': the CUDA backend runs " + runs + " (this one runs on --backend cpu)");
     }
     if (!quest_.full_attention) selector_ = cuda_selector_ops(quest_.selector);
+    if (!quest_.full_attention)  // the window reaches the dense attention kernels only (KvLayerView::window)
+        for (int l = quest_.dense_layers; l < c.num_layers; ++l)
+            if (const int w = c.attention_window(l); w > 0 && w < capacity)
+                throw InputError("layer " + std::to_string(l) + " has a sliding window of " + std::to_string(w) +
+                                 " tokens, shorter than the cache (" + std::to_string(capacity) +
+                                 "): the CUDA backend's page selection does not honour windows yet (use "
+                                 "--full-attention, -c " + std::to_string(w) + ", or --backend cpu)");
     if (!quest_.full_attention && quest_.mass_target > 0)
         throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads a page "
                          "count fixed by the position)");
@@ -161,6 +168,7 @@ KvLayerView CudaLlama::kv_view(int layer) const {
     v.capacity = capacity_;
     v.page_size = quest_.page_size;
     v.max_pages = max_pages_;
+    v.window = c_.attention_window(layer);
     return v;
 }
 

@@ -141,6 +141,7 @@ private:
         LinearWeight down;  // [hidden][intermediate]
         float* attn_norm = nullptr;  // [hidden] (norm weights stay fp32: 0.01% of the bytes)
         float* mlp_norm = nullptr;   // [hidden]
+        float* bqkv = nullptr;       // [q_dim + 2 kv_dim] q|k|v biases (Qwen2), else null: added after the qkv GEMV
     };
     // The linear matrices through their format's ops (kernels/linear/linear.h): y = W x (decode), Y = X W^T
     // (prefill), and the fused decode GEMVs (kernels/linear/gemv_epilogue.h).

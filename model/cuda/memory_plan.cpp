@@ -200,6 +200,7 @@ void CudaLlama::carve_weights() {
         take_linear(l.down, 3, layout_[i][3]);
         l.attn_norm = reinterpret_cast<float*>(take(H * 4));
         l.mlp_norm = reinterpret_cast<float*>(take(H * 4));
+        if (c_.qkv_bias) l.bqkv = reinterpret_cast<float*>(take(qkv_bias_floats(c_) * 4));
     }
     final_norm_ = reinterpret_cast<float*>(take(H * 4));
     lm_head_.storage = LinearStorage::f16();

@@ -126,6 +126,11 @@ void CudaLlama::load_weights(const WeightSource& source) {
         Layer& L = layers_[l];
         norm(N::layer(l, "input_layernorm.weight"), L.attn_norm);
         fused(l, 0, L.qkv);
+        if (L.bqkv)
+            upload_qkv_bias(L.bqkv, c_, l, [&](const std::string& n, int64_t len) {
+                const int64_t shape[] = {len};
+                return linear_format(LinearFormat::F16).to_f32(source.tensor(n, shape));
+            });
         fused(l, 1, L.o);
         norm(N::layer(l, "post_attention_layernorm.weight"), L.mlp_norm);
         fused(l, 2, L.gu);
@@ -165,6 +170,7 @@ void CudaLlama::randomize_weights(uint64_t seed) {
         fill_linear(l.down);
         fill_norm(l.attn_norm);
         fill_norm(l.mlp_norm);
+        if (l.bqkv) fill_random_float(l.bqkv, qkv_bias_floats(c_), ++s, 0.5f, 0.0f, stream_);
     }
     fill_norm(final_norm_);
     if (!c_.tie_word_embeddings) fill_linear(lm_head_);

@@ -17,6 +17,9 @@ constexpr std::pair<const char*, const char*> kLayerNames[] = {
     {"attn_q.weight", "self_attn.q_proj.weight"},
     {"attn_k.weight", "self_attn.k_proj.weight"},
     {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},  // Qwen2
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
     {"attn_output.weight", "self_attn.o_proj.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
@@ -120,6 +123,9 @@ std::vector<int> gguf_unpermute_rows(int rows, int n_head) {
 }
 
 int gguf_permuted_heads(const std::string& hf_name, const ModelConfig& c) {
+    // llama.cpp's converter permutes the Q/K rows of LlamaModel (llama, and Mistral, which it converts as llama)
+    // only; Qwen2Model keeps Hugging Face's order (its RoPE is NEOX-style, rotate_half as in transformers).
+    if (c.architecture == Architecture::Qwen2) return 0;
     auto ends_with = [&](const char* s) {
         const std::string suffix = s;
         return hf_name.size() >= suffix.size() && hf_name.compare(hf_name.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -132,12 +138,24 @@ int gguf_permuted_heads(const std::string& hf_name, const ModelConfig& c) {
 
 ModelConfig gguf_model_config(const GgufFile& f) {
     const auto arch = f.get_string("general.architecture");
-    if (!arch) throw InputError(f.name() + ": key 'general.architecture': missing (expected \"llama\")");
-    if (*arch != "llama" && *arch != "mistral")
+    if (!arch)
+        throw InputError(f.name() + ": key 'general.architecture': missing (expected llama, mistral or qwen2)");
+    if (*arch != "llama" && *arch != "mistral" && *arch != "qwen2")
         throw InputError(f.name() + ": key 'general.architecture': unsupported architecture '" + *arch +
-                         "' (expected llama or mistral)");
+                         "' (supported: llama, mistral, qwen2; i.e. " + supported_architectures() + ")");
     const Meta m(f, *arch);
     ModelConfig c;
+    // llama.cpp converts MistralForCausalLM as "llama" and writes no window for llama or qwen2 (its runtime reads
+    // none for them). A window key, when a file has one, is honoured: on every layer (Mistral's meaning) for llama and
+    // mistral; Qwen2's windowed layers depend on max_window_layers, which GGUF does not carry: refused.
+    c.architecture = *arch == "qwen2" ? Architecture::Qwen2 : Architecture::Llama;
+    if (const auto sw = m.positive(m.key("attention.sliding_window"))) {
+        if (c.architecture == Architecture::Qwen2)
+            m.fail(m.key("attention.sliding_window"), "a sliding window in a qwen2 GGUF is not supported (its layer "
+                                                      "pattern, max_window_layers, is not in the file)");
+        c.architecture = Architecture::Mistral;
+        c.sliding_window = *sw;
+    }
     c.hidden_size = m.required_positive(m.key("embedding_length"));
     c.intermediate_size = m.required_positive(m.key("feed_forward_length"));
     c.num_layers = m.required_positive(m.key("block_count"));
@@ -193,6 +211,7 @@ ModelConfig gguf_model_config(const GgufFile& f) {
         c.eos_token_ids = {int(*eos)};
     }
     c.torch_dtype = DType::F32;  // the weights are dequantized to fp32 on load
+    c.window_layers.assign(c.sliding_window > 0 ? c.num_layers : 0, true);
 
     if (f.find("rope_freqs.weight"))
         throw InputError(f.name() + ": tensor 'rope_freqs.weight': rotary frequency factors (Llama 3 rope scaling) "

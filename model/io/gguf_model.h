@@ -3,7 +3,8 @@
 // tensor names mapped to Hugging Face's, and the Q/K row permutation of the converter undone, so that a tensor
 // fetched by its HF name equals the one in the original HF checkpoint (up to the file's quantization).
 //
-// Metadata read ({arch} = general.architecture, "llama" or "mistral"; llama.cpp writes Mistral models as "llama"):
+// Metadata read ({arch} = general.architecture: "llama" or "mistral" -> LlamaForCausalLM, "qwen2" ->
+// Qwen2ForCausalLM with its q/k/v biases blk.N.attn_{q,k,v}.bias; llama.cpp writes Mistral models as "llama"):
 //   {arch}.embedding_length -> hidden_size           {arch}.feed_forward_length -> intermediate_size
 //   {arch}.block_count -> num_layers                 {arch}.context_length -> max_position_embeddings
 //   {arch}.attention.head_count -> num_heads         {arch}.attention.head_count_kv -> num_kv_heads (default heads)
@@ -13,6 +14,8 @@
 //   {arch}.rope.scaling.type none|linear|yarn, .factor, .original_context_length, .yarn_beta_fast/slow -> rope
 //   {arch}.vocab_size, else the length of tokenizer.ggml.tokens, else token_embd.weight's rows -> vocab_size
 //   tokenizer.ggml.bos_token_id / eos_token_id -> bos / eos; tie_word_embeddings when output.weight is absent.
+//   {arch}.attention.sliding_window (llama.cpp writes none for these architectures) -> MistralForCausalLM with that
+//   window on every layer (llama, mistral); refused for qwen2 (its windowed layers are not in the file).
 // Float metadata is float32 in GGUF: each is read back as the shortest decimal that rounds to that float (1e-05,
 // not 9.99999974737875e-06), which is the decimal the converter was given. A file with rope_freqs.weight (Llama 3
 // frequency factors, which do not give back the rope_scaling parameters) or longrope scaling is refused. The
@@ -27,7 +30,8 @@
 // pairs 2i with 2i+1. The converter (LlamaModel.permute) therefore reorders the rows of q_proj (n = num_heads) and
 // k_proj (n = num_kv_heads): viewing the rows as [n][2][head_dim/2], it swaps the last two axes, so
 //     GGUF row h*head_dim + 2*i + a  =  HF row h*head_dim + a*head_dim/2 + i      (a in {0, 1}, i < head_dim/2).
-// Fetching q_proj / k_proj by HF name applies the inverse.
+// Fetching q_proj / k_proj by HF name applies the inverse. Qwen2 is not permuted (llama.cpp's Qwen2Model keeps HF's
+// rows: its graph rotates NEOX-style, as rotate_half).
 #include <memory>
 #include <optional>
 #include <span>

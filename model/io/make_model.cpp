@@ -51,9 +51,10 @@ void write_random_llama(const std::filesystem::path& dir, const ModelConfig& con
         const TensorSpec& s = specs[i];
         int64_t numel = 1;
         for (int64_t d : s.shape) numel *= d;
-        const bool is_norm = s.shape.size() == 1;
+        const bool is_bias = s.name.size() > 5 && s.name.compare(s.name.size() - 5, 5, ".bias") == 0;
+        const bool is_norm = s.shape.size() == 1 && !is_bias;  // biases (Qwen2): centred on 0, +-0.5
         const bool is_embedding = s.name == LlamaTensorNames::embed();
-        const float bound = is_norm ? 0.1f : is_embedding ? 1.0f : 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
+        const float bound = is_bias ? 0.5f : is_norm ? 0.1f : is_embedding ? 1.0f : 1.0f / std::sqrt(static_cast<float>(s.shape[1]));
         storage[i].reserve(static_cast<size_t>(numel) * dtype_size(opts.dtype));
         for (int64_t j = 0; j < numel; ++j)
             append_value(storage[i], opts.dtype, (is_norm ? 1.0f : 0.0f) + rng.uniform(bound));

@@ -669,6 +669,14 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
                 store.add_f16(s.prefix + ".weight", {s.rows, s.cols}, W);
             }
         }
+        if (config.qkv_bias)  // Qwen2's q/k/v biases stay fp32 (a bias is not a linear layer)
+            for (const char* b : {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
+                const int64_t n = b[10] == 'q' ? config.q_dim() : config.kv_dim();
+                const LayerWeightsF32* L = full ? &full->layers[l] : nullptr;
+                const std::vector<float>* have = !L ? nullptr : b[10] == 'q' ? &L->bq : b[10] == 'k' ? &L->bk : &L->bv;
+                const int64_t shape[] = {n};
+                store.add(N::layer(l, b), DType::F32, {n}, have ? *have : load_tensor_f32(*files_owner, N::layer(l, b), shape));
+            }
     }
     store.add(N::final_norm(), DType::F32, {H}, full ? full->final_norm : vec1(N::final_norm()));
     if (!config.tie_word_embeddings) {

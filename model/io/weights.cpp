@@ -15,6 +15,11 @@ std::vector<TensorSpec> llama_tensor_specs(const ModelConfig& c) {
         specs.push_back({N::layer(l, "self_attn.q_proj.weight"), {q, h}});
         specs.push_back({N::layer(l, "self_attn.k_proj.weight"), {kv, h}});
         specs.push_back({N::layer(l, "self_attn.v_proj.weight"), {kv, h}});
+        if (c.qkv_bias) {
+            specs.push_back({N::layer(l, "self_attn.q_proj.bias"), {q}});
+            specs.push_back({N::layer(l, "self_attn.k_proj.bias"), {kv}});
+            specs.push_back({N::layer(l, "self_attn.v_proj.bias"), {kv}});
+        }
         specs.push_back({N::layer(l, "self_attn.o_proj.weight"), {h, q}});
         specs.push_back({N::layer(l, "post_attention_layernorm.weight"), {h}});
         specs.push_back({N::layer(l, "mlp.gate_proj.weight"), {f, h}});

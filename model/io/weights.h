@@ -1,6 +1,7 @@
 #pragma once
 // Llama weights fetched by name from a model folder, with shape checks (a mismatch names the file, the tensor,
-// Expected and Actual). Tensor names are Hugging Face's (LlamaForCausalLM).
+// Expected and Actual). Tensor names are Hugging Face's (LlamaForCausalLM; Qwen2ForCausalLM adds the q/k/v biases
+// model.layers.N.self_attn.{q,k,v}_proj.bias).
 #include <initializer_list>
 #include <string>
 #include <vector>
@@ -18,7 +19,8 @@ struct LlamaTensorNames {
     static std::string layer(int l, const char* suffix) { return "model.layers." + std::to_string(l) + "." + suffix; }
 };
 
-// Expected shape of every tensor of a Llama model, in file order (embed, layers, norm, lm_head when untied).
+// Expected shape of every tensor of a Llama model, in file order (embed, layers, norm, lm_head when untied); the
+// q/k/v biases after v_proj when config.qkv_bias.
 struct TensorSpec {
     std::string name;
     std::vector<int64_t> shape;
@@ -31,6 +33,7 @@ struct LayerWeightsF32 {
     std::vector<float> wq;         // [num_heads * head_dim][hidden]
     std::vector<float> wk;         // [num_kv_heads * head_dim][hidden]
     std::vector<float> wv;         // [num_kv_heads * head_dim][hidden]
+    std::vector<float> bq, bk, bv; // [q_dim], [kv_dim], [kv_dim] when config.qkv_bias (Qwen2), else empty
     std::vector<float> wo;         // [hidden][num_heads * head_dim]
     std::vector<float> mlp_norm;   // [hidden]
     std::vector<float> w_gate;     // [intermediate][hidden]
@@ -79,6 +82,11 @@ LlamaWeightsF32 assemble_llama_weights_f32(const ModelConfig& c, Get&& get, Line
         L.wq = linear(l, "self_attn.q_proj", q, h);
         L.wk = linear(l, "self_attn.k_proj", kv, h);
         L.wv = linear(l, "self_attn.v_proj", kv, h);
+        if (c.qkv_bias) {
+            L.bq = get(N::layer(l, "self_attn.q_proj.bias"), {q});
+            L.bk = get(N::layer(l, "self_attn.k_proj.bias"), {kv});
+            L.bv = get(N::layer(l, "self_attn.v_proj.bias"), {kv});
+        }
         L.wo = linear(l, "self_attn.o_proj", h, q);
         L.mlp_norm = get(N::layer(l, "post_attention_layernorm.weight"), {h});
         L.w_gate = linear(l, "mlp.gate_proj", f, h);

@@ -38,6 +38,7 @@ struct PrefillCase {
     int slack;          // capacity - (pos0 + T): garbage that must not leak
     float amp = 1.0f;   // q and k standard deviation (larger: peakier softmax, bigger running-max jumps)
     uint32_t seed = 1;
+    int window = 0;     // sliding window (KvLayerView::window), 0: none
 };
 
 // fp16 bit pattern as __half.
@@ -97,6 +98,7 @@ PrefillResult run_case(const PrefillCase& c) {
     kv.capacity = capacity;
     kv.page_size = 16;
     kv.max_pages = capacity / 16;
+    kv.window = c.window;
     attention_prefill(dout.get(), dq.get(), kv, c.T, c.pos0, H, scale, nullptr);
     CUDA_CHECK(cudaDeviceSynchronize());
     const std::vector<float> got = to_float(dout.download());
@@ -108,7 +110,8 @@ PrefillResult run_case(const PrefillCase& c) {
             const int kvh = h / c.group;
             const size_t row = (size_t(t) * H + h) * D;
             attention_full_ref(ref.data() + row, qf.data() + row, kf.data() + size_t(kvh) * capacity * D,
-                               vf.data() + size_t(kvh) * capacity * D, D, c.pos0 + t + 1, scale);
+                               vf.data() + size_t(kvh) * capacity * D, D, c.pos0 + t + 1, scale,
+                               c.window > 0 ? std::max(0, c.pos0 + t + 1 - c.window) : 0);
             const std::vector<float> g(got.begin() + row, got.begin() + row + D);
             const std::vector<float> r(ref.begin() + row, ref.begin() + row + D);
             const double e = rel_err(g, r);
@@ -122,7 +125,7 @@ PrefillResult run_case(const PrefillCase& c) {
 void expect_case(const PrefillCase& c) {
     SCOPED_TRACE(::testing::Message() << "D=" << c.head_dim << " kv_heads=" << c.num_kv_heads << " group=" << c.group
                                       << " T=" << c.T << " pos0=" << c.pos0 << " slack=" << c.slack
-                                      << " amp=" << c.amp);
+                                      << " amp=" << c.amp << " window=" << c.window);
     const PrefillResult r = run_case(c);
     EXPECT_TRUE(r.finite);
     EXPECT_LE(r.err, kTol);
@@ -167,6 +170,18 @@ TEST(CudaAttentionPrefill, PeakySoftmax) {
     expect_case({64, 2, 4, 257, 300, 11, 3.0f, 300});
     expect_case({128, 1, 2, 100, 1000, 0, 3.0f, 301});
     expect_case({16, 1, 1, 257, 0, 0, 3.0f, 302});
+}
+
+TEST(CudaAttentionPrefill, SlidingWindow) {
+    QUEST_REQUIRE_GPU();
+    // Windows shorter than a key tile, between tiles, longer than the chunk; chunks at the start and deep into the
+    // cache (whole tiles below every row's window skipped); one window longer than the sequence (no effect).
+    uint32_t seed = 500;
+    for (int D : {32, 64, 128})
+        for (int window : {1, 24, 100, 4096})
+            for (int pos0 : {0, 37, 700}) expect_case({D, 2, 2, 150, pos0, 20, 1.0f, seed++, window});
+    expect_case({256, 1, 3, 90, 333, 5, 3.0f, seed++, 50});
+    expect_case({8, 1, 1, 64, 64, 0, 1.0f, seed++, 64});
 }
 
 TEST(CudaAttentionPrefill, NoSlack) {

@@ -84,7 +84,8 @@ TEST_P(CudaHfParity, CudaMatchesCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Fixtures, CudaHfParity,
                          ::testing::Values("mha_hd64", "gqa4_hd128", "gqa8_hd64_tied", "linear_x4_legacy",
-                                           "dynamic_x2", "yarn_x4_legacy", "llama3_x8", "bf16_gqa2", "f16_gqa4"));
+                                           "dynamic_x2", "yarn_x4_legacy", "llama3_x8", "bf16_gqa2", "f16_gqa4",
+                                           "qwen2_gqa2", "qwen2_swa24", "mistral_swa24"));
 
 TEST(CudaModel, Stories260KGreedyTextEqualsCpu) {
     QUEST_REQUIRE_GPU();
@@ -142,6 +143,23 @@ TEST(CudaModel, QuestBudgetCoveringContextEqualsFull) {
         small_err += test::rel_err(qs[t], f[t]);
     }
     EXPECT_GT(small_err, 10 * big_err) << "a 64-token budget over 740 tokens must change the logits beyond rounding";
+}
+
+// Quest layers whose sliding window is shorter than the cache are refused (the selection kernels do not honour
+// windows); full attention runs them (CudaHfParity above), and so does a cache no longer than the window.
+TEST(CudaModel, SlidingWindowQuestIsRefusedBelowTheCache) {
+    QUEST_REQUIRE_GPU();
+    const ModelFolder m = open_model_folder(test::source_dir() / "tests/fixtures/hf/mistral_swa24");
+    QuestSettings q;
+    q.page_size = 8;
+    q.budget = 16;
+    try {
+        CudaLlama::from_folder(m, q, 64);
+        FAIL() << "expected an InputError";
+    } catch (const InputError& e) {
+        EXPECT_THAT(std::string(e.what()), ::testing::HasSubstr("sliding window of 24 tokens"));
+    }
+    EXPECT_NO_THROW(CudaLlama::from_folder(m, q, 24));
 }
 
 TEST(CudaModel, MemoryPlanRefusesWhatDoesNotFit) {

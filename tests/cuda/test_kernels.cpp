@@ -10,6 +10,7 @@
 #include "kernels/attention/attention.h"
 #include "kernels/attention/attention_decode.cuh"
 #include "kernels/common/basic_ops.h"
+#include "kernels/common/bias.cuh"
 #include "kernels/common/elementwise.cuh"
 #include "kernels/linear/gemv.cuh"
 #include "kernels/select/quest.h"
@@ -291,6 +292,65 @@ TEST(CudaOps, AttentionDecodeSplitK) {
                 << "D=" << D << " G=" << cs.G << " len=" << cs.len << " balanced=" << balanced;
             for (int c : counters.download()) EXPECT_EQ(c, 0) << "the merging block resets its counter";
         }
+    }
+}
+
+// Qwen2's q/k/v bias add against add_inplace_ref per row, at odd sizes (one decode row, a prefill chunk).
+TEST(CudaOps, AddBiasRows) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(19);
+    for (auto [rows, n] : {std::pair{1, 896 + 2 * 128}, std::pair{7, 37}, std::pair{2048, 1152}}) {
+        auto y = random_floats(g, size_t(rows) * n), b = random_floats(g, n);
+        auto dy = upload(y), db = upload(b);
+        add_bias_rows(dy.get(), db.get(), rows, n, nullptr);
+        for (int t = 0; t < rows; ++t) add_inplace_ref(&y[size_t(t) * n], b.data(), n);
+        EXPECT_EQ(dy.download(), y) << rows << " x " << n;  // one fp32 add per element: exact
+    }
+}
+
+// A sliding window (KvLayerView::window): the query attends the last `window` tokens; spans are cut over those.
+TEST(CudaOps, AttentionDecodeSlidingWindow) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(17);
+    struct Case { int D, NKV, G, len, window, split, cap; };
+    for (Case cs : {Case{128, 2, 1, 4096, 1000, 256, 4200}, Case{64, 2, 4, 333, 24, 64, 400},
+                    Case{32, 1, 3, 257, 1, 32, 300}, Case{64, 1, 2, 50, 64, 64, 64}, Case{128, 8, 1, 32768, 4096, 256, 32768},
+                    Case{16, 2, 8, 700, 699, 128, 800}}) {
+        const int NH = cs.NKV * cs.G, D = cs.D;
+        DeviceKv kv(cs.NKV, D, cs.cap, 16);
+        kv.view.window = cs.window;
+        auto k = random_floats(g, kv.k.size()), v = random_floats(g, kv.v.size());
+        auto q = random_floats(g, size_t(NH) * D, 0.5f);
+        kv.k.upload(to_half(k));
+        kv.v.upload(to_half(v));
+        auto dq = upload(to_half(q));
+        DeviceBuffer<int> pos(1);
+        std::vector<int> p = {cs.len - 1};
+        pos.upload(p);
+        const int splits = decode_max_splits(cs.cap, cs.split);
+        DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
+        wsb.fill_bytes(0xFF);
+        DeviceBuffer<int> counters(cs.NKV);
+        counters.fill_bytes(0);
+        SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
+        DeviceBuffer<__half> out(size_t(NH) * D);
+        out.fill_bytes(0xFF);
+        const float scale = 1.0f / std::sqrt(float(D));
+        attention_decode(out.get(), dq.get(), kv.view, pos.get(), NH, scale, cs.split, ws, nullptr);
+        std::vector<float> want(size_t(NH) * D), unwindowed(want.size());
+        for (int h = 0; h < NH; ++h) {
+            const int kvh = h / cs.G;
+            attention_full_ref(&want[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
+                               &v[size_t(kvh) * cs.cap * D], D, cs.len, scale, std::max(0, cs.len - cs.window));
+            attention_full_ref(&unwindowed[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
+                               &v[size_t(kvh) * cs.cap * D], D, cs.len, scale);
+        }
+        const auto got = to_float(out.download());
+        EXPECT_LE(rel_err(got, want), 2e-3) << "D=" << D << " len=" << cs.len << " window=" << cs.window;
+        if (cs.window < cs.len) {
+            EXPECT_GT(rel_err(got, unwindowed), 1e-2) << "the window changes the output";
+        }
+        for (int c : counters.download()) EXPECT_EQ(c, 0);
     }
 }
 
