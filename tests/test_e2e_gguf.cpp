@@ -351,6 +351,7 @@ TEST(E2eSmolLM2, QuantizedFolderChatsInChatML) {
     EXPECT_THAT(r.out, HasSubstr("Paris")) << r.out;
     EXPECT_THAT(r.out, Not(HasSubstr("im_start"))) << r.out;
     std::printf("chat (int4 folder): %s", r.out.c_str());
+}
 
 // The model against transformers reading the same GGUF in fp32 (tests/fixtures/smollm2, tools/make_smollm2_reference.py):
 // the fixture's ids fed (not our tokenizer's), a 109-token ChatML prompt and 32 teacher-forced greedy steps. Both
