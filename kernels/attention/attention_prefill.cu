@@ -195,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
             cp_async16(dV + 2u * (i * LD_ROWS * PITCH), vbase + o_i, ok ? 16 : 0);
         }
     };
-    load_kv(j_first, j_first & 1);
+    load_kv(j_first, 0);  // buffer 0: buffer 1 holds the aliased Q tile until the loop's first refill
     cp_async_commit();
 
     // Per-lane ldmatrix offsets (halves). Q (A operand, x4): matrices {rows 0-7, 8-15} x {cols 0-7, 8-15} in the
@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads)
     }
 
     for (int j = j_first; j < n_tiles; ++j) {
-        if (j + 1 < n_tiles) load_kv(j + 1, (j + 1) & 1);
+        if (j + 1 < n_tiles) load_kv(j + 1, (j + 1 - j_first) & 1);
         cp_async_commit();   // possibly empty: keeps one group per iteration
         cp_async_wait<1>();  // everything but the newest group (tile j + 1) has landed
         __syncthreads();
@@ -259,8 +259,8 @@ __global__ void __launch_bounds__(kThreads)
         const int k0 = j * BK;
         // Warp-uniform: skip tiles wholly past the warp's last row (an exact no-op: P = 0, max unchanged).
         if (warp_active && k0 <= warp_lim && (!W || k0 + BK - 1 >= warp_low_min)) {
-            const uint32_t tK = sK_u32 + 2u * ((j & 1) * BK * PITCH + k_lane);
-            const uint32_t tV = sV_u32 + 2u * ((j & 1) * BK * PITCH + v_lane);
+            const uint32_t tK = sK_u32 + 2u * (((j - j_first) & 1) * BK * PITCH + k_lane);
+            const uint32_t tV = sV_u32 + 2u * (((j - j_first) & 1) * BK * PITCH + v_lane);
 
             // S = Q K^T (16 * MT x BK per warp); every K fragment feeds MT m16 tiles.
             float s[MT][S_TILES][4];

@@ -153,6 +153,7 @@ TEST(CudaModel, SlidingWindowQuestIsRefusedBelowTheCache) {
     QuestSettings q;
     q.page_size = 8;
     q.budget = 16;
+    q.dense_layers = 1;  // the fixture's 2 layers: layer 1 runs Quest
     try {
         CudaLlama::from_folder(m, q, 64);
         FAIL() << "expected an InputError";
