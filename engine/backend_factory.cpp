@@ -36,14 +36,6 @@ void check_kind(const std::string& k) {
     if (k != "cpu" && k != "cuda") throw InputError("--backend: expected cpu or cuda, got '" + k + "'");
 }
 #ifdef QUEST_HAVE_CUDA
-// The L2 prefetch enums in the same order on both sides (converted by value below).
-static_assert(static_cast<int>(BackendOptions::L2Prefetch::On) == static_cast<int>(CudaOptions::L2Prefetch::Attention) &&
-              static_cast<int>(BackendOptions::L2Prefetch::Quest) == static_cast<int>(CudaOptions::L2Prefetch::Quest) &&
-              static_cast<int>(BackendOptions::L2Prefetch::All) == static_cast<int>(CudaOptions::L2Prefetch::All));
-static_assert(static_cast<int>(BackendOptions::L2PrefetchForm::BulkEvictLast) ==
-                  static_cast<int>(L2PrefetchForm::BulkEvictLast) &&
-              static_cast<int>(BackendOptions::L2PrefetchForm::LineEvictLast) ==
-                  static_cast<int>(L2PrefetchForm::LineEvictLast));
 CudaOptions cuda_options(const BackendOptions& o) {
     CudaOptions c;
     c.graph = o.graph;
@@ -53,10 +45,6 @@ CudaOptions cuda_options(const BackendOptions& o) {
     c.prefill_chunk = o.prefill_chunk;
     c.profile = o.profile;
     c.weights = o.weights;
-    c.l2_prefetch = static_cast<CudaOptions::L2Prefetch>(static_cast<int>(o.l2_prefetch));
-    c.l2_prefetch_fraction = o.l2_prefetch_fraction;
-    c.l2_prefetch_params.rate_gbps = o.l2_prefetch_rate;
-    c.l2_prefetch_params.form = static_cast<L2PrefetchForm>(static_cast<int>(o.l2_prefetch_form));
     return c;
 }
 #endif

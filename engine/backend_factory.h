@@ -28,19 +28,9 @@ struct BackendOptions {
     // `int4_group`; bench --weights sets both per row). The CPU backend always computes in fp32 on the
     // (de)quantized values.
     WeightRequest weights;
-    // --l2-prefetch: cuda: while latency-bound phases of the decode step run, a forked stream prefetches the weights
-    // the next GEMVs read into L2 (CudaOptions::l2_prefetch says where; model/cuda/prefetch.cpp). Results are bit for
-    // bit the same; only the timing changes. The other three shape it: the bytes per window as a fraction of the L2
-    // size, the pacing rate (GB/s, 0: unpaced) and the prefetch instruction (kernels/linear/l2_prefetch.cuh).
-    enum class L2Prefetch { Off, On, Quest, All };
-    L2Prefetch l2_prefetch = L2Prefetch::Off;
-    double l2_prefetch_fraction = 0.25;
-    double l2_prefetch_rate = 1000;
-    enum class L2PrefetchForm { Bulk, BulkEvictLast, LineEvictLast };
-    L2PrefetchForm l2_prefetch_form = L2PrefetchForm::Bulk;
 };
 // Every backend setting once (model/core/settings_table.h): backend, graph, fused_norms, quest_fused, memory_limit,
-// prefill_chunk, weights, int4_group, l2_prefetch, l2_prefetch_fraction, l2_prefetch_rate, l2_prefetch_form.
+// prefill_chunk, weights, int4_group.
 const std::vector<Setting<BackendOptions>>& backend_settings_table();
 
 bool cuda_backend_built();

@@ -65,27 +65,6 @@ std::vector<Entry> make_table() {
                 [](BackendOptions& o, double v) { o.weights.group = static_cast<int>(v); }};
     group.min = 32, group.max = 65536;
     t.push_back(group);
-    Entry prefetch = member("l2_prefetch", "--l2-prefetch", K::Enum, &BackendOptions::l2_prefetch,
-                            "cuda: during each layer's attention a forked stream prefetches the layer's o weights and "
-                            "the first rows of gate+up into L2 (on: every layer; quest: the Quest layers only; all: "
-                            "also the next layer's first qkv rows during the down GEMV); the same results, other timing");
-    prefetch.choices = {"off", "on", "quest", "all"};
-    t.push_back(prefetch);
-    Entry fraction = member("l2_prefetch_fraction", "--l2-prefetch-fraction", K::Double,
-                            &BackendOptions::l2_prefetch_fraction,
-                            "cuda, --l2-prefetch: bytes prefetched per window, as a fraction of the device's L2 size");
-    fraction.min = 0, fraction.max = 1;
-    t.push_back(fraction);
-    Entry rate = member("l2_prefetch_rate", "--l2-prefetch-rate", K::Double, &BackendOptions::l2_prefetch_rate,
-                        "cuda, --l2-prefetch: pacing of the prefetch in GB/s, so that it leaves DRAM to the phase it "
-                        "overlaps (0: issued all at once)");
-    rate.min = 0, rate.max = 100000;
-    t.push_back(rate);
-    Entry form = member("l2_prefetch_form", "--l2-prefetch-form", K::Enum, &BackendOptions::l2_prefetch_form,
-                        "cuda, --l2-prefetch: bulk (cp.async.bulk.prefetch.L2), bulk-evict-last (the same with an "
-                        "evict_last policy) or line-evict-last (prefetch.global.L2::evict_last per 128-byte line)");
-    form.choices = {"bulk", "bulk-evict-last", "line-evict-last"};
-    t.push_back(form);
     return t;
 }
 

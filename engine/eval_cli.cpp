@@ -34,10 +34,8 @@ struct EvalFlags {
 
 // The flags eval does not take: the budget and full attention are --budgets' ("full"), the CUDA tuning flags are
 // those of generate / bench.
-const std::set<std::string> kEvalSkips = {"budget",           "full_attention",       "graph",
-                                          "fused_norms",      "quest_fused",          "memory_limit",
-                                          "prefill_chunk",    "l2_prefetch",          "l2_prefetch_fraction",
-                                          "l2_prefetch_rate", "l2_prefetch_form"};
+const std::set<std::string> kEvalSkips = {"budget",      "full_attention", "graph",        "fused_norms",
+                                          "quest_fused", "memory_limit",   "prefill_chunk"};
 
 // Each row sets its own budget: the base is not validated here (every row's settings are).
 QuestSettings base_settings(const EvalFlags& f) {

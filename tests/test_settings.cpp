@@ -127,9 +127,7 @@ TEST(Settings, EveryQuestSettingRoundTripsThroughJsonCliAndPolicy) {
 TEST(Settings, EveryBackendSettingReadsFromItsFlag) {
     const BackendOptions d;
     const std::map<std::string, std::string> sample = {
-        {"backend", "cuda"},         {"fused_norms", "off"},        {"memory_limit", "512MiB"},
-        {"prefill_chunk", "512"},    {"l2_prefetch", "quest"},      {"l2_prefetch_fraction", "0.5"},
-        {"l2_prefetch_rate", "0"},   {"l2_prefetch_form", "line-evict-last"}};
+        {"backend", "cuda"}, {"fused_norms", "off"}, {"memory_limit", "512MiB"}, {"prefill_chunk", "512"}};
     for (const auto& e : backend_settings_table()) {
         if (!e.flag) continue;
         SCOPED_TRACE(e.key);
@@ -146,10 +144,6 @@ TEST(Settings, EveryBackendSettingReadsFromItsFlag) {
     EXPECT_FALSE(backend_from_cli({"--fused-norms", "off"}).fused_norms);
     EXPECT_EQ(backend_from_cli({"--memory-limit", "1GiB"}).memory_limit, size_t(1) << 30);
     EXPECT_EQ(backend_from_cli({}).prefill_chunk, 2048);
-    EXPECT_EQ(backend_from_cli({}).l2_prefetch, BackendOptions::L2Prefetch::Off);
-    EXPECT_EQ(backend_from_cli({"--l2-prefetch", "all"}).l2_prefetch, BackendOptions::L2Prefetch::All);
-    EXPECT_EQ(backend_from_cli({"--l2-prefetch-form", "bulk-evict-last"}).l2_prefetch_form,
-              BackendOptions::L2PrefetchForm::BulkEvictLast);
 }
 
 TEST(Settings, ErrorsNameTheFileKeyOrFlag) {
@@ -176,10 +170,6 @@ TEST(Settings, ErrorsNameTheFileKeyOrFlag) {
     EXPECT_THAT(message([] { from_cli({"--budget", "12abc"}); }), HasSubstr("--budget: expected an integer"));
     EXPECT_THAT(message([] { backend_from_cli({"--memory-limit", "lots"}); }),
                 HasSubstr("--memory-limit: expected a size in bytes"));
-    EXPECT_THAT(message([] { backend_from_cli({"--l2-prefetch-fraction", "2"}); }),
-                HasSubstr("--l2-prefetch-fraction: expected a number in [0, 1], got '2'"));
-    EXPECT_THAT(message([] { backend_from_cli({"--l2-prefetch", "yes"}); }),
-                HasSubstr("--l2-prefetch: expected one of off, on, quest, all, got 'yes'"));
     EXPECT_THAT(message([] { from_cli({"--gqa-policy", "mean"}); }),
                 HasSubstr("--gqa-policy: expected one of kv-max, kv-sum, per-head, got 'mean'"));
     EXPECT_THAT(message([] { parse_policy("quest+S512", QuestSettings{}); }), HasSubstr("--policies: 'quest+S512'"));

@@ -151,11 +151,6 @@ void CudaLlama::mark(const char* what) { profiler_.mark(what, stream_); }
 
 void CudaLlama::enqueue_attention(int l, float scale) {
     const KvLayerView kv = kv_view(l);
-    // --l2-prefetch: the layer's o weights and first gate+up rows, on the forked stream while the attention runs.
-    using Prefetch = CudaOptions::L2Prefetch;
-    if (opts_.l2_prefetch == Prefetch::Attention || opts_.l2_prefetch == Prefetch::All ||
-        (opts_.l2_prefetch == Prefetch::Quest && quest_.quest_layer(l)))
-        enqueue_l2_prefetch(layers_[l], 1, 2);
     if (!quest_.quest_layer(l)) {
         rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), 1, c_.num_heads, rope_, stream_);
         mark("rope + kv append");
@@ -228,8 +223,6 @@ void CudaLlama::enqueue_decode_step() {
             linear_gemv_swiglu(L.gu);
             mark("gemv gate+up (+swiglu)");
             const float* next_norm = l + 1 < c_.num_layers ? layers_[l + 1].attn_norm : final_norm_;
-            if (opts_.l2_prefetch == CudaOptions::L2Prefetch::All && l + 1 < c_.num_layers)
-                enqueue_l2_prefetch(layers_[l + 1], 0, 0);  // the next layer's first qkv rows, beside the down GEMV
             linear_gemv_residual(next_norm, L.down, act_.get());
             mark("gemv down (+residual, norm)");
         }
@@ -254,8 +247,6 @@ void CudaLlama::enqueue_decode_step() {
             mark("gemv gate+up");
             swiglu_interleaved(act_.get(), gu_.get(), 1, F, stream_);
             mark("swiglu");
-            if (opts_.l2_prefetch == CudaOptions::L2Prefetch::All && l + 1 < c_.num_layers)
-                enqueue_l2_prefetch(layers_[l + 1], 0, 0);
             linear_gemv(proj_.get(), L.down, act_.get());
             mark("gemv down");
         }
@@ -264,7 +255,6 @@ void CudaLlama::enqueue_decode_step() {
         linear_gemv(logits_.get(), lm_head_, xn_.get());
         mark("gemv lm_head");
     }
-    join_l2_prefetch();  // the forked prefetches rejoin the step (a capture must end on its origin stream)
     advance_position(d_pos_.get(), 1, stream_);
     CUDA_CHECK(cudaMemcpyAsync(h_logits_, logits_.get(), sizeof(float) * V, cudaMemcpyDeviceToHost, stream_));
     mark("logits to host");

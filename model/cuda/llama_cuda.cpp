@@ -75,7 +75,6 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
     const int group = c.num_heads / c.num_kv_heads;
     if (group != 1 && group != 2 && group != 3 && group != 4 && group != 8)
         throw InputError("the CUDA backend supports GQA group sizes 1, 2, 3, 4 and 8, got " + std::to_string(group));
-    setup_l2_prefetch();  // checks its settings before anything is allocated (model/cuda/prefetch.cpp)
 
     plan_ = plan_memory(c_, quest_, capacity_, opts_, &layout_);
     size_t free_b = 0, total_b = 0;

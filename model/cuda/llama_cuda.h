@@ -16,7 +16,6 @@
 #include "kernels/attention/attention_decode.cuh"
 #include "kernels/common/device_buffer.h"
 #include "kernels/linear/linear.h"
-#include "kernels/linear/l2_prefetch.cuh"
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry_cuda.h"
 #include "kernels/common/rope.cuh"
@@ -44,17 +43,6 @@ struct CudaOptions {
     // Tests and diagnostics: after each Quest layer of a decode step, copy its selected pages and page scores to a
     // per-layer log (two device-to-device copies per Quest layer, in the graph), read by last_selection().
     bool record_selections = false;
-    // --l2-prefetch (model/cuda/prefetch.cpp): the decode step forks a second stream after a layer's qkv GEMV, which
-    // prefetches that layer's o weights and the first rows of its gate+up into L2 while the attention runs (Attention:
-    // every layer; Quest: only the Quest layers); All also prefetches the next layer's first qkv rows during the down
-    // GEMV. It joins the step's stream at the step's end. Only L2's contents change: the results are bit for bit
-    // those of Off.
-    enum class L2Prefetch { Off, Attention, Quest, All };
-    L2Prefetch l2_prefetch = L2Prefetch::Off;
-    double l2_prefetch_fraction = 0.25;  // bytes per window: this fraction of the device's L2 size
-    // The instruction, chunk and pacing (kernels/linear/l2_prefetch.cuh); 1000 GB/s leaves DRAM most of its
-    // bandwidth for the phase the prefetch overlaps.
-    L2PrefetchParams l2_prefetch_params{L2PrefetchForm::Bulk, 16 << 10, 1000};
 };
 
 // One Quest layer's selection at the last decode step (CudaLlama::last_selection).
@@ -163,27 +151,6 @@ private:
     void linear_gemv_scaled(float* y, const LinearWeight& W);
     void linear_gemv_swiglu(const LinearWeight& W);
     void linear_gemv_residual(const float* next_norm, const LinearWeight& W, const __half* x);
-
-    // CudaOptions::l2_prefetch (model/cuda/prefetch.cpp). setup_l2_prefetch: at construction, the second stream, its
-    // events and the bytes per window (a fraction of the device's L2). enqueue_l2_prefetch: forks the prefetch stream
-    // off stream_ at this point of the step and prefetches, in that order and within the window's bytes, the first
-    // rows of L's linear matrices first .. last (0 qkv, 1 o, 2 gate|up, 3 down). join_l2_prefetch: stream_ waits for
-    // every prefetch forked since the last join (the step's end: the prefetches only read immutable weights, so no
-    // kernel of the step needs to wait for them).
-    void setup_l2_prefetch();
-    void enqueue_l2_prefetch(const Layer& L, int first, int last);
-    void join_l2_prefetch();
-    struct PrefetchState {
-        cudaStream_t stream = nullptr;
-        cudaEvent_t fork = nullptr, join = nullptr;
-        size_t window_bytes = 0;
-        bool forked = false;  // since the last join
-        PrefetchState() = default;
-        PrefetchState(const PrefetchState&) = delete;
-        PrefetchState& operator=(const PrefetchState&) = delete;
-        ~PrefetchState();
-    };
-    PrefetchState prefetch_;
 
     ModelConfig c_;
     QuestSettings quest_;

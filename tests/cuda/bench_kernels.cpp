@@ -3,10 +3,9 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [prefetch] [--json FILE]   (no
-//   section named: all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of
-//   quest; fused: one layer's GEMVs with and without the fused epilogues; prefetch: one GEMV cold vs after an L2
-//   prefetch during a ~30 us phase). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
+//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named:
+//   all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of quest; fused:
+//   one layer's GEMVs with and without the fused epilogues). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
 //   name contains the text (e.g. one kernel and shape under Nsight Compute).
 #include <algorithm>
 #include <cmath>
@@ -24,7 +23,6 @@
 #include "kernels/linear/gemv.cuh"
 #include "kernels/linear/gemv_int4.cuh"
 #include "kernels/linear/gemv_int4_kernels.cuh"
-#include "kernels/linear/l2_prefetch.cuh"
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
 #include "tests/cuda/bench_read.h"
@@ -523,99 +521,6 @@ void bench_quest_codes() {
     }
 }
 
-// The upper bound of the decode step's L2 prefetch (--l2-prefetch, kernels/linear/l2_prefetch.cuh): one layer's int4
-// o GEMV (all of it prefetched) and gate+up GEMV (its first rows, a quarter of L2) timed alone, after L2 was flushed
-// (a memset of 3x its size) and a ~30 us phase: cold (no prefetch), each prefetch form unpaced and paced at 1000
-// GB/s on a second stream during the phase (joined before the GEMV), and hot (the same GEMV just before: every byte
-// that fits in L2). Phases: "spin" (one thread: DRAM idle, as under the Quest chain at best) and "read 64MB" (a
-// full-bandwidth read that streams past L2, as a dense attention would).
-void bench_prefetch() {
-    const size_t l2 = l2_cache_bytes();
-    std::printf("L2 %.1f MiB, persisting set-aside at most %.1f MiB (now %.1f MiB)\n", l2 / 1048576.0,
-                l2_persisting_max_bytes() / 1048576.0, l2_persisting_limit_bytes() / 1048576.0);
-    const size_t persist = std::min(l2_persisting_max_bytes(), l2 / 4);
-    if (persist > l2_persisting_limit_bytes()) CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, persist));
-    cudaStream_t s, side;
-    CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
-    cudaEvent_t fork, join, a, b;
-    CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
-    CUDA_CHECK(cudaEventCreate(&a));
-    CUDA_CHECK(cudaEventCreate(&b));
-    DeviceBuffer<uint8_t> flush(3 * l2), stream_src(64u << 20);
-    fill_random_half(reinterpret_cast<__half*>(stream_src.get()), stream_src.size() / 2, 4, 1.0f, 0.0f, nullptr);
-    int sms = 0;
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-    DeviceBuffer<uint32_t> fold(size_t(sms) * 4);
-    struct Shape { const char* name; int rows, cols; };
-    const int group = 128;
-    for (Shape sh : {Shape{"o 4096x4096", 4096, 4096}, Shape{"gate|up 22016x4096", 22016, 4096}}) {
-        const size_t words = size_t(sh.rows) * sh.cols / 8, groups = size_t(sh.rows) * sh.cols / group;
-        DeviceBuffer<uint32_t> q(words);
-        DeviceBuffer<__half> sc(groups), x(sh.cols);
-        DeviceBuffer<uint8_t> z(groups);
-        DeviceBuffer<float> y(sh.rows);
-        fill_random_int4(q.get(), sc.get(), z.get(), sh.rows, sh.cols, group, 7, 0.02f, nullptr);
-        fill_random_half(x.get(), x.size(), 8, 1.0f, 0.0f, nullptr);
-        const Int4View W{q.get(), sc.get(), z.get(), sh.rows, sh.cols, group};
-        const double packed = words * 4.0 + groups * 3.0, bytes = packed + sh.cols * 2.0 + sh.rows * 4.0;
-        // The first rows that a quarter of L2 holds (all of o), every part in proportion.
-        const size_t per_row = size_t(sh.cols) / 2 + size_t(sh.cols) / group * 3;
-        const size_t rows = std::min<size_t>(sh.rows, l2 / 4 / per_row);
-        L2PrefetchList list;
-        list.add(q.get(), rows * sh.cols / 2);
-        list.add(sc.get(), rows * (sh.cols / group) * 2);
-        list.add(z.get(), rows * (sh.cols / group));
-        for (const char* phase : {"spin", "read 64MB"}) {
-            // form -1: cold, -2: hot; rate in GB/s
-            struct Run { int form; double rate; };
-            const Run runs[] = {{-1, 0}, {0, 0}, {0, 1000}, {1, 0}, {1, 1000}, {2, 0}, {2, 1000}, {-2, 0}};
-            for (const Run& r : runs) {
-                std::vector<float> ms;
-                for (int it = 0; it < 40; ++it) {
-                    CUDA_CHECK(cudaMemsetAsync(flush.get(), it & 0xff, flush.size(), s));
-                    if (r.form == -2) gemv_int4(y.get(), W, x.get(), s);
-                    CUDA_CHECK(cudaEventRecord(fork, s));
-                    CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
-                    if (std::strcmp(phase, "spin") == 0) bench::spin(30, s);
-                    else bench::read_variant(0, fold.get(), stream_src.get(), stream_src.size(), s);
-                    if (r.form >= 0) {
-                        L2PrefetchParams p;
-                        p.form = static_cast<L2PrefetchForm>(r.form);
-                        p.rate_gbps = r.rate;
-                        l2_prefetch(list, p, side);
-                    }
-                    CUDA_CHECK(cudaEventRecord(join, side));
-                    CUDA_CHECK(cudaStreamWaitEvent(s, join, 0));
-                    CUDA_CHECK(cudaEventRecord(a, s));
-                    gemv_int4(y.get(), W, x.get(), s);
-                    CUDA_CHECK(cudaEventRecord(b, s));
-                    CUDA_CHECK(cudaEventSynchronize(b));
-                    float t = 0;
-                    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-                    if (it >= 5) ms.push_back(t);
-                }
-                std::sort(ms.begin(), ms.end());
-                char what[160];
-                if (r.form == -1) std::snprintf(what, sizeof what, "prefetch int4 %s after %s: cold", sh.name, phase);
-                else if (r.form == -2) std::snprintf(what, sizeof what, "prefetch int4 %s after %s: hot", sh.name, phase);
-                else
-                    std::snprintf(what, sizeof what, "prefetch int4 %s after %s: %.1f MiB %s %s", sh.name, phase,
-                                  list.bytes() / 1048576.0, l2_prefetch_form_name(static_cast<L2PrefetchForm>(r.form)),
-                                  r.rate > 0 ? "1000 GB/s" : "unpaced");
-                report(what, ms[ms.size() / 2], bytes);
-            }
-        }
-    }
-    cudaEventDestroy(fork);
-    cudaEventDestroy(join);
-    cudaEventDestroy(a);
-    cudaEventDestroy(b);
-    cudaStreamDestroy(s);
-    cudaStreamDestroy(side);
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -638,7 +543,6 @@ int main(int argc, char** argv) {
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
         if (want("quest") || want("codes")) bench_quest_codes();
-        if (want("prefetch")) bench_prefetch();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;

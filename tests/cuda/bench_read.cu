@@ -207,12 +207,6 @@ const ReadVariant kReadVariants[] = {
     {"tile rows W8 S32", launch_tile<8, 32, false>}, {"tile contiguous W8 S32", launch_tile<8, 32, true>},
 };
 
-__global__ void spin_kernel(long long cycles) {
-    const long long t0 = clock64();
-    while (clock64() - t0 < cycles) {
-    }
-}
-
 }  // namespace
 
 int read_variant_count() { return static_cast<int>(sizeof kReadVariants / sizeof kReadVariants[0]); }
@@ -221,15 +215,6 @@ void read_variant(int v, uint32_t* out, const void* src, size_t bytes, cudaStrea
     QUEST_REQUIRE(v >= 0 && v < read_variant_count(), "read variant out of range");
     QUEST_REQUIRE(bytes % 16 == 0 && is_aligned(src, 16), "read: 16-byte multiples and alignment");
     kReadVariants[v].launch(out, src, bytes, stream);
-}
-
-void spin(double us, cudaStream_t stream) {
-    int dev = 0, khz = 0;
-    CUDA_CHECK(cudaGetDevice(&dev));
-    CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
-    QUEST_REQUIRE(khz > 0, "spin: the device reports no clock rate");
-    spin_kernel<<<1, 1, 0, stream>>>(static_cast<long long>(us * 1e-3 * khz));
-    CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace quest::bench

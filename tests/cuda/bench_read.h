@@ -13,8 +13,4 @@ int read_variant_count();
 const char* read_variant_name(int v);
 void read_variant(int v, uint32_t* out, const void* src, size_t bytes, cudaStream_t stream);
 
-// One block of one thread that spins for about `us` microseconds (SM clock cycles at the device's peak clock): a
-// phase that leaves DRAM idle (the prefetch bench's stand-in for a latency-bound Quest chain).
-void spin(double us, cudaStream_t stream);
-
 }  // namespace quest::bench

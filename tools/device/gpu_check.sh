@@ -8,9 +8,8 @@
 #          against the new one, alternated in AB_ROUNDS rounds (default 2) in this one call, so that the machine's
 #          own drift (3-4% between H200s) does not enter the comparison. AB_ROWS: rows "weights context budget",
 #          separated by ';' (default: int4 32768 2048; int4 32768 full; int4 4096 2048; fp16 32768 2048); AB_NEW_ARGS:
-#          extra bench flags for the new binary only (e.g. a switch that turns the change on); AB_OLD_ARGS: the old
-#          side's. AB_SAME=1: both sides run the new binary (a switch's A/B: AB_OLD_ARGS against AB_NEW_ARGS; no
-#          .device-old needed). Prints p50 ms per round and the change of the median.
+#          extra bench flags for the new binary only (e.g. a switch that turns the change on). Prints p50 ms per round
+#          and the change of the median.
 set -u
 . "$(dirname "$0")/env.sh"
 OUT=${OUT:-/tmp/quest-out}
@@ -45,10 +44,9 @@ for s in $stages; do
       grep -E '^\[  FAILED  \]|Failure|error' "$OUT/cuda_tests.log" | head -40
       ;;
     sanitizer)
-      # memcheck on small models and kernels (slow under the tool: small cases only; CudaL2Prefetch.* adds about a
-      # dozen small-model decodes)
-      filter='SelectorSeamCuda.*:CudaMemoryPlan.*:CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches:CudaL2Prefetch.*'
-      timeout 210 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
+      # memcheck on small models and kernels (slow under the tool: small cases only)
+      filter='SelectorSeamCuda.*:CudaMemoryPlan.*:CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches'
+      timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
         > "$OUT/memcheck.log" 2>&1
       rc=$?
       summary+=("memcheck: rc=$rc $(grep -E 'ERROR SUMMARY' "$OUT/memcheck.log" | tail -1)")
@@ -118,9 +116,7 @@ for s in $stages; do
       done
       ;;
     ab)
-      old_bin=$PWD/.device-old/quest
-      [ "${AB_SAME:-0}" = 1 ] && old_bin=$BIN/quest
-      [ -x "$old_bin" ] || { summary+=("ab: no .device-old/quest (tools/device/stage.sh --old)"); continue; }
+      [ -x .device-old/quest ] || { summary+=("ab: no .device-old/quest (tools/device/stage.sh --old)"); continue; }
       IFS=';' read -ra rows <<< "${AB_ROWS:-int4 32768 2048;int4 32768 full;int4 4096 2048;fp16 32768 2048}"
       : > "$OUT/ab.txt"
       for row in "${rows[@]}"; do
@@ -129,7 +125,7 @@ for s in $stages; do
         for r in $(seq "${AB_ROUNDS:-2}"); do
           for side in old new; do
             bin=$BIN/quest extra=${AB_NEW_ARGS:-}
-            [ $side = old ] && { bin=$old_bin; extra=${AB_OLD_ARGS:-}; }
+            [ $side = old ] && { bin=$PWD/.device-old/quest; extra=; }
             log="$OUT/ab-$side-$w-$ctx-$budget-$r.log"
             # shellcheck disable=SC2086
             timeout 120 "$bin" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights "$w"               --contexts "$ctx" --budgets "$budget" --steps 64 --warmup 8 $extra > "$log" 2>&1
@@ -140,7 +136,7 @@ for s in $stages; do
         echo "$w $ctx $budget | old ${olds[*]} | new ${news[*]} | $(ab_change "${olds[*]}" "${news[*]}")" \
           >> "$OUT/ab.txt"
       done
-      summary+=("ab: $OUT/ab.txt (p50 ms per round; old args: '${AB_OLD_ARGS:-}', new args: '${AB_NEW_ARGS:-}')")
+      summary+=("ab: $OUT/ab.txt (p50 ms per round; new args: '${AB_NEW_ARGS:-}')")
       ;;
     fixtures)
       python3 tools/check_fixtures.py tests/fixtures/hf > "$OUT/fixtures.log" 2>&1
