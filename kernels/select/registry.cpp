@@ -3,7 +3,6 @@
 #include <stdexcept>
 
 #include "kernels/select/quest.h"
-#include "kernels/select/sketch.h"
 
 namespace quest {
 
@@ -43,8 +42,7 @@ SelectionReads oracle_reads(const StepShape& s) {  // no metadata, every key of 
 
 // The built-in selectors, in PageSelector's order.
 std::vector<PageSelectorDef>& registry() {
-    static std::vector<PageSelectorDef> defs = [] {
-      std::vector<PageSelectorDef> d = {
+    static std::vector<PageSelectorDef> defs = {
         {"quest", "top pages by Quest's upper bound of q.k (the paper)",
          kUsesMetadataFormat | kUsesMassTarget | kUsesMatchBytes | kUsesReuse, quest_policy_ref, quest_reads},
         {"streaming", "the first page and the most recent ones (query-independent baseline)", 0, streaming_policy_ref,
@@ -53,10 +51,7 @@ std::vector<PageSelectorDef>& registry() {
          oracle_policy_ref, oracle_reads},
         {"two-level", "coarse page bounds shortlist, sub-page bounds re-rank (CPU)",
          kUsesMetadataFormat | kUsesMassTarget | kUsesMatchBytes | kUsesSubPages, two_level_select_ref, nullptr},
-      };
-      append_sketch_selectors(d);  // token-level key sketches (kernels/select/sketch.h), after PageSelector's built-ins
-      return d;
-    }();
+    };
     return defs;
 }
 

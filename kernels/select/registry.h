@@ -34,11 +34,6 @@ struct StepShape {
     int num_kv_heads = 0;
     int rows = 0;          // selection rows: KV heads, or query heads under the per-head policy
     int kv_pages = 0;      // pages whose keys and values each row reads, the last (partial) page included
-    // For selectors that size their own page count (the sketch selectors, bytes-matched to fp16 Quest):
-    int page_budget = 0;   // K = B / S
-    int head_dim = 0;
-    int num_heads = 0;
-    GqaPolicy policy = GqaPolicy::KvSum;
 };
 
 struct PageSelectorDef {

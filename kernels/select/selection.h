@@ -47,8 +47,6 @@ struct SelectionReads {
     int64_t sub_pages_scored = 0;  // TwoLevel: sub-page metadata entries read, over KV heads
     int64_t keys_scanned = 0;      // Oracle: keys read to compute the true page mass, over KV heads
     int64_t kv_tokens = 0;         // tokens whose key and value are read, summed over the selection rows
-    int64_t sketch_bytes = 0;      // sketch selectors: bytes of their own (token sketches read, their tables, the
-                                   // current token's sketch written, a shortlist's bounds), over KV heads
     int rows = 0;                  // selection rows: KV heads (kv-max, kv-sum) or query heads (per-head)
     bool dense = false;            // true: a dense step (P <= K), every token read, no metadata
 };
@@ -64,7 +62,7 @@ struct Selection {
 // cache in FP16 (2 bytes per value, as on the GPU):
 //   pages_scored * page_metadata_bytes(format) + shortlist_pages * page_metadata_bytes(format)  [4d | 2d+4 | d+4]
 //   + sub_pages_scored * 2 * head_dim (uint8 min and max) + keys_scanned * 2 * head_dim (the oracle's key pass)
-//   + kv_tokens * 4 * head_dim (key and value) + sketch_bytes (counted by the sketch selectors themselves).
+//   + kv_tokens * 4 * head_dim (key and value).
 // A dense layer or step is kv_tokens = tokens * KV heads and nothing else.
 int64_t page_metadata_bytes(MetadataFormat f, int head_dim);
 int64_t selection_bytes(const SelectionReads& r, int head_dim, MetadataFormat f);
