@@ -148,6 +148,8 @@ private:
     GgufFile() = default;
     void parse();  // validates base_[0, size_)
     [[noreturn]] void wrong_type(const std::string& key, const GgufValue& v, const char* expected) const;
+    // The value of key (nullptr when absent); wrong_type when its type is not `type` (named `expected`).
+    const GgufValue* find_typed(const std::string& key, GgufType type, const char* expected) const;
 
     std::string name_;
     void* map_ = nullptr;  // mmap of the file (open), or nullptr
