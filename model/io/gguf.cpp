@@ -202,22 +202,15 @@ std::string ggml_type_name(GgmlType t) {
 // GgufFile
 // ---------------------------------------------------------------------------------------------------------------------
 
-GgufFile::~GgufFile() {
-    unmap_file({map_, map_size_});
-}
+GgufFile::~GgufFile() = default;
 
 std::unique_ptr<GgufFile> GgufFile::open(const std::filesystem::path& path) {
     const std::string file = path.string();
     std::unique_ptr<GgufFile> f(new GgufFile());
     f->name_ = file;
-    const FileMap m = map_file(path, "a GGUF file");
-    void* map = m.data;
-    const uint64_t size = m.size;
-    // From here on the destructor of `f` unmaps on every error path.
-    f->map_ = map;
-    f->map_size_ = size;
-    f->base_ = static_cast<const std::byte*>(map);
-    f->size_ = size;
+    f->map_.reset(map_file(path, "a GGUF file"));  // from here on `f` unmaps it on every error path
+    f->base_ = static_cast<const std::byte*>(f->map_.data());
+    f->size_ = f->map_.size();
     f->parse();
     return f;
 }

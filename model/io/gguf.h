@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "model/io/mapped_file.h"
+
 namespace quest {
 
 // GGUF metadata value types (gguf_type in ggml's gguf.h).
@@ -152,8 +154,7 @@ private:
     const GgufValue* find_typed(const std::string& key, GgufType type, const char* expected) const;
 
     std::string name_;
-    void* map_ = nullptr;  // mmap of the file (open), or nullptr
-    size_t map_size_ = 0;
+    MappedFile map_;  // the file (open), or empty
     std::vector<std::byte> owned_;  // the bytes (from_memory)
     const std::byte* base_ = nullptr;
     uint64_t size_ = 0;

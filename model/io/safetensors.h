@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/common/dtype.h"
+#include "model/io/mapped_file.h"
 
 namespace quest {
 
@@ -59,8 +60,7 @@ public:
 private:
     SafeTensorsFile() = default;
     std::filesystem::path path_;
-    void* map_ = nullptr;
-    size_t map_size_ = 0;
+    MappedFile map_;
     const std::byte* data_ = nullptr;  // start of the data area
     std::vector<TensorInfo> tensors_;
     std::map<std::string, size_t> by_name_;
