@@ -202,8 +202,6 @@ std::string ggml_type_name(GgmlType t) {
 // GgufFile
 // ---------------------------------------------------------------------------------------------------------------------
 
-GgufFile::~GgufFile() = default;
-
 std::unique_ptr<GgufFile> GgufFile::open(const std::filesystem::path& path) {
     const std::string file = path.string();
     std::unique_ptr<GgufFile> f(new GgufFile());

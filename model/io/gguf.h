@@ -110,7 +110,6 @@ public:
     // Validates bytes held in memory (tests, fuzzing); `name` stands for the file in error messages. The bytes are
     // copied.
     static std::unique_ptr<GgufFile> from_memory(std::span<const std::byte> bytes, const std::string& name);
-    ~GgufFile();
     GgufFile(const GgufFile&) = delete;
     GgufFile& operator=(const GgufFile&) = delete;
 

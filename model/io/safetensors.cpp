@@ -194,8 +194,6 @@ std::string shape_to_string(std::span<const int64_t> shape) {
 // SafeTensorsFile
 // ---------------------------------------------------------------------------------------------------------------------
 
-SafeTensorsFile::~SafeTensorsFile() = default;
-
 std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::filesystem::path& path) {
     const std::string file = path.string();
     std::unique_ptr<SafeTensorsFile> f(new SafeTensorsFile());

@@ -46,7 +46,6 @@ class SafeTensorsFile {
 public:
     // Maps and validates the file. Throws InputError (see above).
     static std::unique_ptr<SafeTensorsFile> open(const std::filesystem::path& path);
-    ~SafeTensorsFile();
     SafeTensorsFile(const SafeTensorsFile&) = delete;
     SafeTensorsFile& operator=(const SafeTensorsFile&) = delete;
 
