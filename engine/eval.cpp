@@ -342,19 +342,30 @@ std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, cons
     return rows;
 }
 
+// The last columns of the passkey and ppl tables: bytes read per step (all layers, Quest layers) and the attention
+// mass the selection kept; then the end of the line.
+std::string reads_header() {
+    char buf[100];
+    std::snprintf(buf, sizeof buf, "%10s %10s %14s %12s\n", "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
+    return buf;
+}
+std::string reads_columns(const BytesSummary& b, const SelectionSummary& s) {
+    char buf[100];
+    std::snprintf(buf, sizeof buf, "%10s %10s %14s %12s\n", kib(b, b.bytes_per_step).c_str(),
+                  kib(b, b.quest_bytes_per_step).c_str(), mass_text(s, s.selected_mass).c_str(),
+                  mass_text(s, s.oracle_mass).c_str());
+    return buf;
+}
+
 std::string passkey_table(const std::vector<PasskeyRow>& rows) {
     std::ostringstream o;
     char buf[200];
-    std::snprintf(buf, sizeof buf, "%8s %7s %8s %9s %10s %10s %14s %12s\n", "context", "budget", "correct", "accuracy",
-                  "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
-    o << buf;
+    std::snprintf(buf, sizeof buf, "%8s %7s %8s %9s ", "context", "budget", "correct", "accuracy");
+    o << buf << reads_header();
     for (const auto& r : rows) {
-        std::snprintf(buf, sizeof buf, "%8d %7s %4d/%-3d %8.0f%% %10s %10s %14s %12s\n", r.context,
-                      budget_label(r.budget).c_str(), r.correct, r.samples, 100 * r.accuracy(),
-                      kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
-                      mass_text(r.selection, r.selection.selected_mass).c_str(),
-                      mass_text(r.selection, r.selection.oracle_mass).c_str());
-        o << buf;
+        std::snprintf(buf, sizeof buf, "%8d %7s %4d/%-3d %8.0f%% ", r.context, budget_label(r.budget).c_str(), r.correct,
+                      r.samples, 100 * r.accuracy());
+        o << buf << reads_columns(r.bytes, r.selection);
     }
     return o.str();
 }
@@ -380,18 +391,14 @@ std::string ppl_table(const std::vector<PplRow>& rows) {
     const bool models = !rows.empty() && !rows.front().model.empty();
     if (models) std::snprintf(buf, sizeof buf, "%-24s %10s ", "model", "kl");
     if (models) o << buf;
-    std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s %10s %10s %14s %12s\n", "budget", "tokens", "nll", "perplexity",
-                  "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
-    o << buf;
+    std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s ", "budget", "tokens", "nll", "perplexity");
+    o << buf << reads_header();
     for (const auto& r : rows) {
         if (models) std::snprintf(buf, sizeof buf, "%-24s %10.6f ", r.model.c_str(), r.kl);
         if (models) o << buf;
-        std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f %10s %10s %14s %12s\n",
-                      budget_label(r.budget).c_str(), r.tokens, r.nll, r.ppl(),
-                      kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
-                      mass_text(r.selection, r.selection.selected_mass).c_str(),
-                      mass_text(r.selection, r.selection.oracle_mass).c_str());
-        o << buf;
+        std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f ", budget_label(r.budget).c_str(), r.tokens, r.nll,
+                      r.ppl());
+        o << buf << reads_columns(r.bytes, r.selection);
     }
     return o.str();
 }
