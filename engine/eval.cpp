@@ -122,6 +122,16 @@ nlohmann::json bytes_json(const BytesSummary& b) {
             {"steps", b.steps}};
 }
 
+// A row's budget in the tables ("full": no Quest), in the progress lines ("B=<budget>") and in the JSON.
+std::string budget_label(int budget) { return budget ? std::to_string(budget) : "full"; }
+std::string budget_tag(int budget) { return budget ? "B=" + std::to_string(budget) : "full"; }
+nlohmann::json budget_json(int budget) { return budget ? nlohmann::json(budget) : nlohmann::json("full"); }
+
+// An attention-mass column of the tables: its first six characters, "-" without a selection summary.
+std::string mass_text(const SelectionSummary& s, double mass) {
+    return s.valid ? std::to_string(mass).substr(0, 6) : "-";
+}
+
 std::string kib(const BytesSummary& b, double v) {
     if (!b.valid) return "-";
     char buf[32];
@@ -223,7 +233,7 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
                 std::string shown = answer.substr(0, answer.find_first_of("\n"));
                 char sample_line[240];
                 std::snprintf(sample_line, sizeof sample_line, "  context %d %s, key at depth %d%%: %d -> \"%s\" %s",
-                              ctx, budget ? ("B=" + std::to_string(budget)).c_str() : "full", depths[i], p.key,
+                              ctx, budget_tag(budget).c_str(), depths[i], p.key,
                               shown.c_str(), ok ? "ok" : "WRONG");
                 progress(sample_line);
                 row.depths_percent.push_back(depths[i]);
@@ -236,7 +246,7 @@ std::vector<PasskeyRow> run_passkey(const BackendMaker& make, const Tokenizer& t
             row.bytes = bytes_finish(reads);
             char line[200];
             std::snprintf(line, sizeof line, "passkey context %d %s: %d/%d", ctx,
-                          budget ? ("B=" + std::to_string(budget)).c_str() : "full", row.correct, row.samples);
+                          budget_tag(budget).c_str(), row.correct, row.samples);
             progress(line);
             rows.push_back(std::move(row));
         }
@@ -321,7 +331,7 @@ std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, cons
             finish(row.selection, steps_of(*backends[k]));
             char line[400];
             std::snprintf(line, sizeof line, "ppl %s%s%s: %.4f over %d tokens after a %d-token window",
-                          budget ? ("B=" + std::to_string(budget)).c_str() : "full", row.model.empty() ? "" : " ",
+                          budget_tag(budget).c_str(), row.model.empty() ? "" : " ",
                           row.model.c_str(), row.ppl(), row.tokens, window);
             std::string said = line;
             if (row.kl >= 0) said += ", KL from " + rows_label(r) + " " + std::to_string(row.kl);
@@ -332,19 +342,30 @@ std::vector<PplRow> run_ppl(const BackendMaker& make, const Tokenizer& tok, cons
     return rows;
 }
 
+// The last columns of the passkey and ppl tables: bytes read per step (all layers, Quest layers) and the attention
+// mass the selection kept; then the end of the line.
+std::string reads_header() {
+    char buf[100];
+    std::snprintf(buf, sizeof buf, "%10s %10s %14s %12s\n", "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
+    return buf;
+}
+std::string reads_columns(const BytesSummary& b, const SelectionSummary& s) {
+    char buf[100];
+    std::snprintf(buf, sizeof buf, "%10s %10s %14s %12s\n", kib(b, b.bytes_per_step).c_str(),
+                  kib(b, b.quest_bytes_per_step).c_str(), mass_text(s, s.selected_mass).c_str(),
+                  mass_text(s, s.oracle_mass).c_str());
+    return buf;
+}
+
 std::string passkey_table(const std::vector<PasskeyRow>& rows) {
     std::ostringstream o;
     char buf[200];
-    std::snprintf(buf, sizeof buf, "%8s %7s %8s %9s %10s %10s %14s %12s\n", "context", "budget", "correct", "accuracy",
-                  "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
-    o << buf;
+    std::snprintf(buf, sizeof buf, "%8s %7s %8s %9s ", "context", "budget", "correct", "accuracy");
+    o << buf << reads_header();
     for (const auto& r : rows) {
-        std::snprintf(buf, sizeof buf, "%8d %7s %4d/%-3d %8.0f%% %10s %10s %14s %12s\n", r.context,
-                      r.budget ? std::to_string(r.budget).c_str() : "full", r.correct, r.samples, 100 * r.accuracy(),
-                      kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
-                      r.selection.valid ? std::to_string(r.selection.selected_mass).substr(0, 6).c_str() : "-",
-                      r.selection.valid ? std::to_string(r.selection.oracle_mass).substr(0, 6).c_str() : "-");
-        o << buf;
+        std::snprintf(buf, sizeof buf, "%8d %7s %4d/%-3d %8.0f%% ", r.context, budget_label(r.budget).c_str(), r.correct,
+                      r.samples, 100 * r.accuracy());
+        o << buf << reads_columns(r.bytes, r.selection);
     }
     return o.str();
 }
@@ -353,7 +374,7 @@ std::string passkey_json(const std::vector<PasskeyRow>& rows) {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& r : rows)
         a.push_back({{"context", r.context},
-                     {"budget", r.budget ? nlohmann::json(r.budget) : nlohmann::json("full")},
+                     {"budget", budget_json(r.budget)},
                      {"samples", r.samples},
                      {"correct", r.correct},
                      {"accuracy", r.accuracy()},
@@ -370,18 +391,14 @@ std::string ppl_table(const std::vector<PplRow>& rows) {
     const bool models = !rows.empty() && !rows.front().model.empty();
     if (models) std::snprintf(buf, sizeof buf, "%-24s %10s ", "model", "kl");
     if (models) o << buf;
-    std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s %10s %10s %14s %12s\n", "budget", "tokens", "nll", "perplexity",
-                  "KiB/step", "quest_KiB", "selected_mass", "oracle_mass");
-    o << buf;
+    std::snprintf(buf, sizeof buf, "%7s %8s %10s %12s ", "budget", "tokens", "nll", "perplexity");
+    o << buf << reads_header();
     for (const auto& r : rows) {
         if (models) std::snprintf(buf, sizeof buf, "%-24s %10.6f ", r.model.c_str(), r.kl);
         if (models) o << buf;
-        std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f %10s %10s %14s %12s\n",
-                      r.budget ? std::to_string(r.budget).c_str() : "full", r.tokens, r.nll, r.ppl(),
-                      kib(r.bytes, r.bytes.bytes_per_step).c_str(), kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
-                      r.selection.valid ? std::to_string(r.selection.selected_mass).substr(0, 6).c_str() : "-",
-                      r.selection.valid ? std::to_string(r.selection.oracle_mass).substr(0, 6).c_str() : "-");
-        o << buf;
+        std::snprintf(buf, sizeof buf, "%7s %8d %10.5f %12.4f ", budget_label(r.budget).c_str(), r.tokens, r.nll,
+                      r.ppl());
+        o << buf << reads_columns(r.bytes, r.selection);
     }
     return o.str();
 }
@@ -389,7 +406,7 @@ std::string ppl_table(const std::vector<PplRow>& rows) {
 std::string ppl_json(const std::vector<PplRow>& rows) {
     nlohmann::json a = nlohmann::json::array();
     for (const auto& r : rows)
-        a.push_back({{"budget", r.budget ? nlohmann::json(r.budget) : nlohmann::json("full")},
+        a.push_back({{"budget", budget_json(r.budget)},
                      {"tokens", r.tokens},
                      {"nll", r.nll},
                      {"perplexity", r.ppl()},
@@ -574,12 +591,12 @@ std::string jsonl_table(const std::vector<JsonlRow>& rows) {
         char tok[32] = "-";
         if (r.bytes.valid && r.bytes.tokens_per_row > 0) std::snprintf(tok, sizeof tok, "%.1f", r.bytes.tokens_per_row);
         std::snprintf(buf, sizeof buf, "%8d %-24s %7s %4d/%-3d %8.0f%% %10s %10s %10s %11s %14s %12s\n", r.context,
-                      r.policy.c_str(), r.budget ? std::to_string(r.budget).c_str() : "full", r.correct, r.samples,
+                      r.policy.c_str(), budget_label(r.budget).c_str(), r.correct, r.samples,
                       100 * r.accuracy(), kib(r.bytes, r.bytes.bytes_per_step).c_str(),
                       kib(r.bytes, r.bytes.quest_bytes_per_step).c_str(),
                       kib(r.bytes, r.bytes.metadata_bytes_per_step).c_str(), tok,
-                      r.selection.valid ? std::to_string(r.selection.selected_mass).substr(0, 6).c_str() : "-",
-                      r.selection.valid ? std::to_string(r.selection.oracle_mass).substr(0, 6).c_str() : "-");
+                      mass_text(r.selection, r.selection.selected_mass).c_str(),
+                      mass_text(r.selection, r.selection.oracle_mass).c_str());
         o << buf;
     }
     return o.str();
@@ -590,7 +607,7 @@ std::string jsonl_json(const std::vector<JsonlRow>& rows) {
     for (const auto& r : rows)
         a.push_back({{"context", r.context},
                      {"policy", r.policy},
-                     {"budget", r.budget ? nlohmann::json(r.budget) : nlohmann::json("full")},
+                     {"budget", budget_json(r.budget)},
                      {"page_size", r.page_size},
                      {"samples", r.samples},
                      {"correct", r.correct},

@@ -12,19 +12,14 @@
 #include <string>
 
 #include "model/core/config.h"
+#include "fuzz/fuzz_util.h"
 #include "kernels/common/error.h"
 #include "model/core/rope.h"
 #include "model/io/weights.h"
 
 using namespace quest;
 
-#define FUZZ_CHECK(cond)                                                                      \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            std::fprintf(stderr, "fuzz_config: invariant violated: %s\n", #cond);             \
-            std::abort();                                                                     \
-        }                                                                                     \
-    } while (0)
+#define FUZZ_CHECK(cond) QUEST_FUZZ_CHECK("fuzz_config", cond)
 
 namespace {
 

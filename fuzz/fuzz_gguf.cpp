@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "fuzz/fuzz_util.h"
 #include "kernels/common/error.h"
 #include "model/io/gguf.h"
 #include "model/io/gguf_model.h"
@@ -20,13 +21,7 @@
 
 using namespace quest;
 
-#define FUZZ_CHECK(cond)                                                              \
-    do {                                                                              \
-        if (!(cond)) {                                                                \
-            std::fprintf(stderr, "fuzz_gguf: invariant violated: %s\n", #cond);       \
-            std::abort();                                                             \
-        }                                                                             \
-    } while (0)
+#define FUZZ_CHECK(cond) QUEST_FUZZ_CHECK("fuzz_gguf", cond)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::unique_ptr<GgufFile> f;

@@ -8,17 +8,12 @@
 #include <string>
 
 #include "model/core/quest_settings.h"
+#include "fuzz/fuzz_util.h"
 #include "kernels/common/error.h"
 
 using namespace quest;
 
-#define FUZZ_CHECK(cond)                                                                      \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            std::fprintf(stderr, "fuzz_quest_settings: invariant violated: %s\n", #cond);     \
-            std::abort();                                                                     \
-        }                                                                                     \
-    } while (0)
+#define FUZZ_CHECK(cond) QUEST_FUZZ_CHECK("fuzz_quest_settings", cond)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     static const QuestSettings defaults = default_quest_settings();

@@ -15,13 +15,7 @@
 
 using namespace quest;
 
-#define FUZZ_CHECK(cond)                                                                      \
-    do {                                                                                      \
-        if (!(cond)) {                                                                        \
-            std::fprintf(stderr, "fuzz_safetensors: invariant violated: %s\n", #cond);        \
-            std::abort();                                                                     \
-        }                                                                                     \
-    } while (0)
+#define FUZZ_CHECK(cond) QUEST_FUZZ_CHECK("fuzz_safetensors", cond)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const auto path = fuzz::scratch_dir("safetensors") / "model.safetensors";

@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -18,6 +19,16 @@
 #include <string_view>
 #include <utility>
 #include <vector>
+
+// Aborts with "<target>: invariant violated: <cond>" unless cond holds: an input accepted against what the validation
+// promises is a finding too, not only a crash.
+#define QUEST_FUZZ_CHECK(target, cond)                                               \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            std::fprintf(stderr, "%s: invariant violated: %s\n", target, #cond);     \
+            std::abort();                                                            \
+        }                                                                            \
+    } while (0)
 
 namespace quest::fuzz {
 

@@ -14,6 +14,7 @@
 
 namespace {
 
+using quest::test::is_valid_utf8;
 using quest::ChatMessage;
 using quest::InputError;
 using quest::StreamingDecoder;
@@ -25,27 +26,6 @@ const std::string kFFFD = "\xef\xbf\xbd";
 std::filesystem::path llama_model() { return quest::test::shared_dir() / "models/llama2-tokenizer/tokenizer.model"; }
 std::filesystem::path stories_model() { return quest::test::shared_dir() / "models/stories260K/tokenizer.model"; }
 std::filesystem::path demo_model() { return quest::test::source_dir() / "tests/fixtures/tokenizer/demo-512.model"; }
-
-// Strict UTF-8 check (no overlongs, surrogates or code points above U+10FFFF; no truncated sequence).
-bool is_valid_utf8(std::string_view s) {
-    for (size_t i = 0; i < s.size();) {
-        const auto b = static_cast<uint8_t>(s[i]);
-        int n = 0;
-        uint8_t lo = 0x80, hi = 0xbf;
-        if (b < 0x80) n = 1;
-        else if (b >= 0xc2 && b <= 0xdf) n = 2;
-        else if (b >= 0xe0 && b <= 0xef) n = 3, lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
-        else if (b >= 0xf0 && b <= 0xf4) n = 4, lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
-        else return false;
-        if (i + n > s.size()) return false;
-        for (int k = 1; k < n; ++k) {
-            const auto c = static_cast<uint8_t>(s[i + k]);
-            if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return false;
-        }
-        i += n;
-    }
-    return true;
-}
 
 std::string utf8(char32_t cp) {
     std::string s;

@@ -2,11 +2,13 @@
 // Helpers shared by the tests: where the optional shared models are, and a visible skip when they are absent.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <string_view>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -45,6 +47,28 @@ inline std::filesystem::path temp_dir(const std::string& name) {
 inline std::string slurp(const std::filesystem::path& p) {
     std::ifstream in(p, std::ios::binary);
     return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Strict UTF-8 check (no overlongs, surrogates or code points above U+10FFFF; no truncated sequence), written
+// apart from tokenizer/utf8.h so that the tokenizers' output is checked by an independent rule.
+inline bool is_valid_utf8(std::string_view s) {
+    for (size_t i = 0; i < s.size();) {
+        const auto b = static_cast<uint8_t>(s[i]);
+        int n = 0;
+        uint8_t lo = 0x80, hi = 0xbf;
+        if (b < 0x80) n = 1;
+        else if (b >= 0xc2 && b <= 0xdf) n = 2;
+        else if (b >= 0xe0 && b <= 0xef) n = 3, lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
+        else if (b >= 0xf0 && b <= 0xf4) n = 4, lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
+        else return false;
+        if (i + n > s.size()) return false;
+        for (int k = 1; k < n; ++k) {
+            const auto c = static_cast<uint8_t>(s[i + k]);
+            if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xbf)) return false;
+        }
+        i += n;
+    }
+    return true;
 }
 
 #ifdef QUEST_BINARY

@@ -48,6 +48,13 @@ struct Parser {
         if (!v.is_object()) fail(where + ": expected an object with a \"type\"");
         return str(member(v, "type", where), where + ".type");
     }
+    // Calls each(element, its path) for every element of a Sequence's list `key` (an array).
+    template <class Each>
+    void sequence(const json& obj, const char* key, const std::string& where, Each each) const {
+        const json& list = member(obj, key, where);
+        if (!list.is_array()) fail(where + "." + key + ": expected an array");
+        for (size_t i = 0; i < list.size(); ++i) each(list[i], where + "." + key + "[" + std::to_string(i) + "]");
+    }
 
     void model(const json& m, BpeData& d, std::vector<int>& owner) const {
         if (!m.is_object()) fail("\"model\" is not an object (expected a BPE model with vocab and merges)");
@@ -161,10 +168,7 @@ struct Parser {
         const std::string type = type_of(p, where);
         BpePreStep step;
         if (type == "Sequence") {
-            const json& list = member(p, "pretokenizers", where);
-            if (!list.is_array()) fail(where + ".pretokenizers: expected an array");
-            for (size_t i = 0; i < list.size(); ++i)
-                pre_tokenizer(list[i], d, where + ".pretokenizers[" + std::to_string(i) + "]");
+            sequence(p, "pretokenizers", where, [&](const json& e, const std::string& w) { pre_tokenizer(e, d, w); });
             return;
         } else if (type == "ByteLevel") {
             step.kind = BpePreStep::Kind::ByteLevel;
@@ -197,10 +201,7 @@ struct Parser {
     void decoder(const json& dec, std::set<std::string>& kinds, const std::string& where) const {
         const std::string type = type_of(dec, where);
         if (type == "Sequence") {
-            const json& list = member(dec, "decoders", where);
-            if (!list.is_array()) fail(where + ".decoders: expected an array");
-            for (size_t i = 0; i < list.size(); ++i)
-                decoder(list[i], kinds, where + ".decoders[" + std::to_string(i) + "]");
+            sequence(dec, "decoders", where, [&](const json& e, const std::string& w) { decoder(e, kinds, w); });
             return;
         }
         if (type != "ByteLevel" && type != "ByteFallback" && type != "Fuse")
@@ -223,10 +224,7 @@ struct Parser {
         const std::string type = type_of(p, where);
         if (type == "ByteLevel") return;  // offsets only
         if (type == "Sequence") {
-            const json& list = member(p, "processors", where);
-            if (!list.is_array()) fail(where + ".processors: expected an array");
-            for (size_t i = 0; i < list.size(); ++i)
-                post_processor(list[i], d, where + ".processors[" + std::to_string(i) + "]");
+            sequence(p, "processors", where, [&](const json& e, const std::string& w) { post_processor(e, d, w); });
             return;
         }
         if (type == "TemplateProcessing") {

@@ -17,6 +17,7 @@
 // Scales: fp32, [num_kv_heads][padded_pages].
 #include <cstdint>
 #include <cmath>
+#include <math.h>  // ::nextafterf, ::floorf, ::ceilf, ::fabsf on the host side
 
 #include <cstring>
 
@@ -46,41 +47,12 @@ QUEST_HD inline float qc_mul(float a, float b) {
     return a * b;
 #endif
 }
-QUEST_HD inline float qc_next_up(float x) {
-#ifdef __CUDA_ARCH__
-    return nextafterf(x, INFINITY);
-#else
-    return std::nextafter(x, INFINITY);
-#endif
-}
-QUEST_HD inline float qc_next_down(float x) {
-#ifdef __CUDA_ARCH__
-    return nextafterf(x, 0.0f);
-#else
-    return std::nextafter(x, 0.0f);
-#endif
-}
-QUEST_HD inline float qc_floor(float x) {
-#ifdef __CUDA_ARCH__
-    return floorf(x);
-#else
-    return std::floor(x);
-#endif
-}
-QUEST_HD inline float qc_ceil(float x) {
-#ifdef __CUDA_ARCH__
-    return ceilf(x);
-#else
-    return std::ceil(x);
-#endif
-}
-QUEST_HD inline float qc_abs(float x) {
-#ifdef __CUDA_ARCH__
-    return fabsf(x);
-#else
-    return std::fabs(x);
-#endif
-}
+// Exact operations (a single correct answer): the C library's float functions serve both sides.
+QUEST_HD inline float qc_next_up(float x) { return nextafterf(x, INFINITY); }
+QUEST_HD inline float qc_next_down(float x) { return nextafterf(x, 0.0f); }
+QUEST_HD inline float qc_floor(float x) { return floorf(x); }
+QUEST_HD inline float qc_ceil(float x) { return ceilf(x); }
+QUEST_HD inline float qc_abs(float x) { return fabsf(x); }
 // max as std::max(a, b) (a unless a < b); the value is the same as fmaxf for every non-NaN input.
 QUEST_HD inline float qc_max(float a, float b) { return a < b ? b : a; }
 QUEST_HD inline float qc_sub(float a, float b) {

@@ -1,5 +1,7 @@
 #include "kernels/select/selection.h"
 
+#include "kernels/common/names.h"
+
 namespace quest {
 
 std::string_view gqa_policy_name(GqaPolicy p) {
@@ -12,12 +14,8 @@ std::string_view gqa_policy_name(GqaPolicy p) {
 }
 
 bool gqa_policy_from_name(std::string_view s, GqaPolicy& out) {
-    for (GqaPolicy p : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
-        if (s == gqa_policy_name(p)) {
-            out = p;
-            return true;
-        }
-    return false;
+    constexpr GqaPolicy kAll[] = {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead};
+    return value_from_name(s, kAll, gqa_policy_name, out);
 }
 
 std::string_view metadata_format_name(MetadataFormat f) {
@@ -25,12 +23,8 @@ std::string_view metadata_format_name(MetadataFormat f) {
 }
 
 bool metadata_format_from_name(std::string_view name, MetadataFormat& out) {
-    for (MetadataFormat f : {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4})
-        if (name == metadata_format_name(f)) {
-            out = f;
-            return true;
-        }
-    return false;
+    constexpr MetadataFormat kAll[] = {MetadataFormat::Fp16, MetadataFormat::Int8, MetadataFormat::Int4};
+    return value_from_name(name, kAll, metadata_format_name, out);
 }
 
 int64_t page_metadata_bytes(MetadataFormat f, int head_dim) {

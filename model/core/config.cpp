@@ -8,6 +8,8 @@
 #include <sstream>
 
 #include "kernels/common/error.h"
+#include "kernels/common/names.h"
+#include "model/core/json_object.h"
 #include "model/core/rope.h"
 
 namespace quest {
@@ -39,12 +41,7 @@ constexpr Architecture kArchitectures[] = {Architecture::Llama, Architecture::Mi
 constexpr const char* kModelTypes[] = {"llama", "mistral", "qwen2"};  // config.json model_type, in the same order
 
 bool architecture_from_name(const std::string& name, Architecture& out) {
-    for (Architecture a : kArchitectures)
-        if (name == architecture_name(a)) {
-            out = a;
-            return true;
-        }
-    return false;
+    return value_from_name(name, kArchitectures, architecture_name, out);
 }
 bool architecture_from_model_type(const std::string& type, Architecture& out) {
     for (size_t i = 0; i < std::size(kModelTypes); ++i)
@@ -284,13 +281,7 @@ void check_rope_frequencies(const ModelConfig& c, const std::string& source) {
 }  // namespace
 
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source) {
-    json root;
-    try {
-        root = json::parse(json_text);
-    } catch (const json::exception& e) {
-        throw InputError(source + ": not valid JSON: " + e.what());
-    }
-    if (!root.is_object()) throw InputError(source + ": expected a JSON object at the top level");
+    const json root = parse_json_object(json_text, source, "a JSON object at the top level");
     const Fields f(root, source, "");
 
     // Architecture: architectures[0] (what transformers instantiates) or, without that list, model_type.

@@ -23,20 +23,17 @@ size_t mul(size_t a, size_t b) {
     size_t r = 0;
     return __builtin_mul_overflow(a, b, &r) ? kMax : r;
 }
-size_t mul(std::initializer_list<size_t> xs) {
-    size_t r = 1;
-    for (size_t x : xs) r = mul(r, x);
-    return r;
-}
 size_t add(size_t a, size_t b) {
     size_t r = 0;
     return __builtin_add_overflow(a, b, &r) ? kMax : r;
 }
-size_t add(std::initializer_list<size_t> xs) {
-    size_t r = 0;
-    for (size_t x : xs) r = add(r, x);
+// xs combined by op from left to right, starting from r (op's identity).
+size_t fold(size_t (*op)(size_t, size_t), size_t r, std::initializer_list<size_t> xs) {
+    for (size_t x : xs) r = op(r, x);
     return r;
 }
+size_t mul(std::initializer_list<size_t> xs) { return fold(mul, 1, xs); }
+size_t add(std::initializer_list<size_t> xs) { return fold(add, 0, xs); }
 size_t z(int v) { return v > 0 ? static_cast<size_t>(v) : 0; }
 
 }  // namespace

@@ -10,6 +10,7 @@
 
 #include "default_config.h"
 #include "kernels/common/error.h"
+#include "model/core/json_object.h"
 
 namespace quest {
 
@@ -236,13 +237,7 @@ QuestSettings parse_policy(const std::string& spec, const QuestSettings& base) {
 
 QuestSettings parse_quest_settings(const std::string& json_text, const std::string& source, const QuestSettings& base) {
     using nlohmann::json;
-    json j;
-    try {
-        j = json::parse(json_text);
-    } catch (const json::exception& e) {
-        throw InputError(source + ": not valid JSON: " + e.what());
-    }
-    if (!j.is_object()) throw InputError(source + ": expected a JSON object");
+    const json j = parse_json_object(json_text, source, "a JSON object");
     const auto& table = quest_settings_table();
     QuestSettings s = base;
     for (const auto& item : j.items()) {

@@ -202,22 +202,13 @@ std::string ggml_type_name(GgmlType t) {
 // GgufFile
 // ---------------------------------------------------------------------------------------------------------------------
 
-GgufFile::~GgufFile() {
-    unmap_file({map_, map_size_});
-}
-
 std::unique_ptr<GgufFile> GgufFile::open(const std::filesystem::path& path) {
     const std::string file = path.string();
     std::unique_ptr<GgufFile> f(new GgufFile());
     f->name_ = file;
-    const FileMap m = map_file(path, "a GGUF file");
-    void* map = m.data;
-    const uint64_t size = m.size;
-    // From here on the destructor of `f` unmaps on every error path.
-    f->map_ = map;
-    f->map_size_ = size;
-    f->base_ = static_cast<const std::byte*>(map);
-    f->size_ = size;
+    f->map_.reset(map_file(path, "a GGUF file"));  // from here on `f` unmaps it on every error path
+    f->base_ = static_cast<const std::byte*>(f->map_.data());
+    f->size_ = f->map_.size();
     f->parse();
     return f;
 }
@@ -383,60 +374,50 @@ void GgufFile::wrong_type(const std::string& key, const GgufValue& v, const char
     throw InputError(name_ + ": key '" + key + "': expected " + expected + ", found " + found);
 }
 
-std::optional<uint32_t> GgufFile::get_u32(const std::string& key) const {
+const GgufValue* GgufFile::find_typed(const std::string& key, GgufType type, const char* expected) const {
     const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::UInt32) wrong_type(key, *v, "uint32");
-    return uint32_t(v->u);
+    if (v && v->type != type) wrong_type(key, *v, expected);
+    return v;
+}
+
+std::optional<uint32_t> GgufFile::get_u32(const std::string& key) const {
+    if (const GgufValue* v = find_typed(key, GgufType::UInt32, "uint32")) return uint32_t(v->u);
+    return std::nullopt;
 }
 
 std::optional<uint64_t> GgufFile::get_u64(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::UInt64) wrong_type(key, *v, "uint64");
-    return v->u;
+    if (const GgufValue* v = find_typed(key, GgufType::UInt64, "uint64")) return v->u;
+    return std::nullopt;
 }
 
 std::optional<int32_t> GgufFile::get_i32(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::Int32) wrong_type(key, *v, "int32");
-    return int32_t(v->i);
+    if (const GgufValue* v = find_typed(key, GgufType::Int32, "int32")) return int32_t(v->i);
+    return std::nullopt;
 }
 
 std::optional<float> GgufFile::get_f32(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::Float32) wrong_type(key, *v, "float32");
-    return float(v->f);
+    if (const GgufValue* v = find_typed(key, GgufType::Float32, "float32")) return float(v->f);
+    return std::nullopt;
 }
 
 std::optional<double> GgufFile::get_f64(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::Float64) wrong_type(key, *v, "float64");
-    return v->f;
+    if (const GgufValue* v = find_typed(key, GgufType::Float64, "float64")) return v->f;
+    return std::nullopt;
 }
 
 std::optional<bool> GgufFile::get_bool(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::Bool) wrong_type(key, *v, "bool");
-    return v->u != 0;
+    if (const GgufValue* v = find_typed(key, GgufType::Bool, "bool")) return v->u != 0;
+    return std::nullopt;
 }
 
 std::optional<std::string> GgufFile::get_string(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return std::nullopt;
-    if (v->type != GgufType::String) wrong_type(key, *v, "string");
-    return v->s;
+    if (const GgufValue* v = find_typed(key, GgufType::String, "string")) return v->s;
+    return std::nullopt;
 }
 
 const GgufArray* GgufFile::get_array(const std::string& key) const {
-    const GgufValue* v = find_value(key);
-    if (!v) return nullptr;
-    if (v->type != GgufType::Array) wrong_type(key, *v, "array");
-    return &v->array;
+    if (const GgufValue* v = find_typed(key, GgufType::Array, "array")) return &v->array;
+    return nullptr;
 }
 
 std::optional<uint64_t> GgufFile::get_uint(const std::string& key) const {

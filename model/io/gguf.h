@@ -30,6 +30,8 @@
 #include <string_view>
 #include <vector>
 
+#include "model/io/mapped_file.h"
+
 namespace quest {
 
 // GGUF metadata value types (gguf_type in ggml's gguf.h).
@@ -108,7 +110,6 @@ public:
     // Validates bytes held in memory (tests, fuzzing); `name` stands for the file in error messages. The bytes are
     // copied.
     static std::unique_ptr<GgufFile> from_memory(std::span<const std::byte> bytes, const std::string& name);
-    ~GgufFile();
     GgufFile(const GgufFile&) = delete;
     GgufFile& operator=(const GgufFile&) = delete;
 
@@ -148,10 +149,11 @@ private:
     GgufFile() = default;
     void parse();  // validates base_[0, size_)
     [[noreturn]] void wrong_type(const std::string& key, const GgufValue& v, const char* expected) const;
+    // The value of key (nullptr when absent); wrong_type when its type is not `type` (named `expected`).
+    const GgufValue* find_typed(const std::string& key, GgufType type, const char* expected) const;
 
     std::string name_;
-    void* map_ = nullptr;  // mmap of the file (open), or nullptr
-    size_t map_size_ = 0;
+    MappedFile map_;  // the file (open), or empty
     std::vector<std::byte> owned_;  // the bytes (from_memory)
     const std::byte* base_ = nullptr;
     uint64_t size_ = 0;

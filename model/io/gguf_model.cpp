@@ -88,27 +88,28 @@ private:
 
 }  // namespace
 
-std::optional<std::string> gguf_name_from_hf(const std::string& hf_name) {
-    for (const auto& [g, h] : kGlobalNames)
-        if (hf_name == h) return std::string(g);
+namespace {
+
+// A tensor name translated between the two namings of kGlobalNames and kLayerNames (from_gguf: GGUF's to Hugging
+// Face's, else back); nullopt when it has no counterpart.
+std::optional<std::string> translate_name(const std::string& name, bool from_gguf) {
+    const auto from = [&](const std::pair<const char*, const char*>& gh) { return from_gguf ? gh.first : gh.second; };
+    const auto to = [&](const std::pair<const char*, const char*>& gh) { return from_gguf ? gh.second : gh.first; };
+    for (const auto& gh : kGlobalNames)
+        if (name == from(gh)) return std::string(to(gh));
+    const std::string gguf_layers = "blk.", hf_layers = "model.layers.";
     int layer = 0;
     std::string rest;
-    if (!split_layer(hf_name, "model.layers.", layer, rest)) return std::nullopt;
-    for (const auto& [g, h] : kLayerNames)
-        if (rest == h) return "blk." + std::to_string(layer) + "." + g;
+    if (!split_layer(name, from_gguf ? gguf_layers : hf_layers, layer, rest)) return std::nullopt;
+    for (const auto& gh : kLayerNames)
+        if (rest == from(gh)) return (from_gguf ? hf_layers : gguf_layers) + std::to_string(layer) + "." + to(gh);
     return std::nullopt;
 }
 
-std::optional<std::string> hf_name_from_gguf(const std::string& gguf_name) {
-    for (const auto& [g, h] : kGlobalNames)
-        if (gguf_name == g) return std::string(h);
-    int layer = 0;
-    std::string rest;
-    if (!split_layer(gguf_name, "blk.", layer, rest)) return std::nullopt;
-    for (const auto& [g, h] : kLayerNames)
-        if (rest == g) return LlamaTensorNames::layer(layer, h);
-    return std::nullopt;
-}
+}  // namespace
+
+std::optional<std::string> gguf_name_from_hf(const std::string& hf_name) { return translate_name(hf_name, false); }
+std::optional<std::string> hf_name_from_gguf(const std::string& gguf_name) { return translate_name(gguf_name, true); }
 
 std::vector<int> gguf_unpermute_rows(int rows, int n_head) {
     if (n_head <= 0 || rows < 0 || rows % (2 * n_head) != 0)

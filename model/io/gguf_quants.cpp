@@ -35,6 +35,16 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t& d, uint8_t& m) {
     }
 }
 
+// The j-th sub-block's scale and min of a Q4_K / Q5_K super-block, times the super-block's d and min.
+struct ScaleMin {
+    float scale, min;
+};
+inline ScaleMin k4_scale_min(int j, const uint8_t* scales, float d, float min) {
+    uint8_t sc, m;
+    scale_min_k4(j, scales, sc, m);
+    return {d * float(sc), min * float(m)};
+}
+
 void dq_q8_0(const uint8_t* x, float* y, int64_t nb) {
     for (int64_t i = 0; i < nb; ++i, x += 34, y += kQK) {
         const float d = load_half(x);
@@ -77,13 +87,8 @@ void dq_q4_k(const uint8_t* x, float* y, int64_t nb) {
         const uint8_t* q = x + 16;
         int is = 0;
         for (int j = 0; j < kQK_K; j += 64) {
-            uint8_t sc, m;
-            scale_min_k4(is + 0, scales, sc, m);
-            const float d1 = d * float(sc);
-            const float m1 = min * float(m);
-            scale_min_k4(is + 1, scales, sc, m);
-            const float d2 = d * float(sc);
-            const float m2 = min * float(m);
+            const auto [d1, m1] = k4_scale_min(is + 0, scales, d, min);
+            const auto [d2, m2] = k4_scale_min(is + 1, scales, d, min);
             for (int l = 0; l < 32; ++l) *y++ = d1 * float(q[l] & 0xF) - m1;
             for (int l = 0; l < 32; ++l) *y++ = d2 * float(q[l] >> 4) - m2;
             q += 32;
@@ -102,13 +107,8 @@ void dq_q5_k(const uint8_t* x, float* y, int64_t nb) {
         int is = 0;
         uint8_t u1 = 1, u2 = 2;
         for (int j = 0; j < kQK_K; j += 64) {
-            uint8_t sc, m;
-            scale_min_k4(is + 0, scales, sc, m);
-            const float d1 = d * float(sc);
-            const float m1 = min * float(m);
-            scale_min_k4(is + 1, scales, sc, m);
-            const float d2 = d * float(sc);
-            const float m2 = min * float(m);
+            const auto [d1, m1] = k4_scale_min(is + 0, scales, d, min);
+            const auto [d2, m2] = k4_scale_min(is + 1, scales, d, min);
             for (int l = 0; l < 32; ++l) *y++ = d1 * float((ql[l] & 0xF) + (qh[l] & u1 ? 16 : 0)) - m1;
             for (int l = 0; l < 32; ++l) *y++ = d2 * float((ql[l] >> 4) + (qh[l] & u2 ? 16 : 0)) - m2;
             ql += 32;

@@ -15,4 +15,22 @@ struct FileMap {
 FileMap map_file(const std::filesystem::path& path, const std::string& expected);
 void unmap_file(const FileMap& m);
 
+// The map a file reader holds for its lifetime: unmapped when it is destroyed (empty until reset).
+class MappedFile {
+public:
+    MappedFile() = default;
+    ~MappedFile() { unmap_file(m_); }
+    MappedFile(const MappedFile&) = delete;
+    MappedFile& operator=(const MappedFile&) = delete;
+    void reset(const FileMap& m) {
+        unmap_file(m_);
+        m_ = m;
+    }
+    const void* data() const { return m_.data; }
+    size_t size() const { return m_.size; }
+
+private:
+    FileMap m_;
+};
+
 }  // namespace quest

@@ -184,22 +184,20 @@ LinearInfo LinearReader::inspect(const std::string& prefix, int64_t rows, int64_
                          " does not give a group size for a " + std::to_string(rows) + " x " + std::to_string(cols) +
                          " layer (expected " + expected + ")");
     };
+    // The group size from the scales tensor `name`: dimension rows_dim holds the rows, the other the groups.
+    const auto group_from_scales = [&](const std::string& name, int rows_dim, const std::string& expected) {
+        const auto s = files_.find(name);
+        if (!s) throw InputError("tensor '" + name + "' not found in " + files_.dir().string());
+        const int64_t groups = dim(*s, 1 - rows_dim);
+        if (dim(*s, rows_dim) != rows || groups <= 0 || cols % groups != 0) fail_group(*s, name, expected);
+        return static_cast<int>(cols / groups);
+    };
     if (info_.method == QuantizationInfo::Method::QuestInt4 && files_.find(prefix + ".q4_weight")) {
-        const std::string name = prefix + ".q4_scales";
-        const auto s = files_.find(name);
-        if (!s) throw InputError("tensor '" + name + "' not found in " + files_.dir().string());
-        const int64_t groups = dim(*s, 1);
-        if (dim(*s, 0) != rows || groups <= 0 || cols % groups != 0) fail_group(*s, name, "[out, in / G]");
         li.storage = LinearInfo::Storage::Int4;
-        li.group = static_cast<int>(cols / groups);
+        li.group = group_from_scales(prefix + ".q4_scales", 0, "[out, in / G]");
     } else if (info_.method == QuantizationInfo::Method::Awq && files_.find(prefix + ".qweight")) {
-        const std::string name = prefix + ".scales";
-        const auto s = files_.find(name);
-        if (!s) throw InputError("tensor '" + name + "' not found in " + files_.dir().string());
-        const int64_t groups = dim(*s, 0);
-        if (dim(*s, 1) != rows || groups <= 0 || cols % groups != 0) fail_group(*s, name, "[in / G, out]");
         li.storage = LinearInfo::Storage::Awq;
-        li.group = static_cast<int>(cols / groups);
+        li.group = group_from_scales(prefix + ".scales", 1, "[in / G, out]");
     } else {
         const int64_t shape[] = {rows, cols};
         files_.get(prefix + ".weight", shape);  // throws the usual "not found" message

@@ -194,22 +194,14 @@ std::string shape_to_string(std::span<const int64_t> shape) {
 // SafeTensorsFile
 // ---------------------------------------------------------------------------------------------------------------------
 
-SafeTensorsFile::~SafeTensorsFile() {
-    unmap_file({map_, map_size_});
-}
-
 std::unique_ptr<SafeTensorsFile> SafeTensorsFile::open(const std::filesystem::path& path) {
     const std::string file = path.string();
     std::unique_ptr<SafeTensorsFile> f(new SafeTensorsFile());
     f->path_ = path;
 
-    const FileMap m = map_file(path, "");
-    void* map = m.data;
-    const uint64_t size = m.size;
-    // From here on the destructor of `f` unmaps on every error path.
-    f->map_ = map;
-    f->map_size_ = size;
-    const auto* bytes = static_cast<const unsigned char*>(map);
+    f->map_.reset(map_file(path, ""));  // from here on `f` unmaps it on every error path
+    const uint64_t size = f->map_.size();
+    const auto* bytes = static_cast<const unsigned char*>(f->map_.data());
 
     if (size < 8)
         throw InputError(file + ": file is " + std::to_string(size) +

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "kernels/common/dtype.h"
+#include "model/io/mapped_file.h"
 
 namespace quest {
 
@@ -45,7 +46,6 @@ class SafeTensorsFile {
 public:
     // Maps and validates the file. Throws InputError (see above).
     static std::unique_ptr<SafeTensorsFile> open(const std::filesystem::path& path);
-    ~SafeTensorsFile();
     SafeTensorsFile(const SafeTensorsFile&) = delete;
     SafeTensorsFile& operator=(const SafeTensorsFile&) = delete;
 
@@ -59,8 +59,7 @@ public:
 private:
     SafeTensorsFile() = default;
     std::filesystem::path path_;
-    void* map_ = nullptr;
-    size_t map_size_ = 0;
+    MappedFile map_;
     const std::byte* data_ = nullptr;  // start of the data area
     std::vector<TensorInfo> tensors_;
     std::map<std::string, size_t> by_name_;
