@@ -14,22 +14,17 @@ CLI::App* add_quantize_subcommand(CLI::App& app, QuantizeFlags& f) {
                                              "BF16/F32, quest-int4 and AutoAWQ (GEMM) checkpoints");
     q->add_option("-m,--model", f.in, "input model folder or .gguf file")->required();
     q->add_option("-o,--out", f.out, "output folder (config.json, model.safetensors, tokenizer)")->required();
-    q->add_option("--group", f.group, "group size: a power of two >= 32 (default 128, or the input's group)");
-    q->add_option("--awq-calib", f.calib, "text file: activation-aware (AWQ-style) scaling calibrated on it");
-    q->add_option("--calib-tokens", f.calib_tokens, "tokens of the calibration text to use")->capture_default_str();
-    q->add_option("--threads", f.threads, "quantization threads (0: all cores)")->capture_default_str();
+    q->add_option("--group", f.options.group, "group size: a power of two >= 32 (default 128, or the input's group)");
+    q->add_option("--awq-calib", f.options.calib_file, "text file: activation-aware (AWQ-style) scaling calibrated on it");
+    q->add_option("--calib-tokens", f.options.calib_tokens, "tokens of the calibration text to use")->capture_default_str();
+    q->add_option("--threads", f.options.threads, "quantization threads (0: all cores)")->capture_default_str();
     return q;
 }
 
 int cmd_quantize(const QuantizeFlags& f) {
-    QuantizeOptions o;
-    o.group = f.group;
-    o.calib_file = f.calib;
-    o.calib_tokens = f.calib_tokens;
-    o.threads = f.threads;
     Stopwatch sw;
     const QuantizeSummary s =
-        quantize_model(f.in, f.out, o, [](const std::string& line) { spdlog::info("{}", line); });
+        quantize_model(f.in, f.out, f.options, [](const std::string& line) { spdlog::info("{}", line); });
     std::fputs(s.text().c_str(), stderr);
     spdlog::info("wrote {} in {:.1f} s", f.out, sw.ms() / 1000.0);
     return 0;

@@ -3,6 +3,8 @@
 // (model/io/quantize.h) and prints what was quantized and what stayed FP16.
 #include <string>
 
+#include "model/io/quantize.h"
+
 namespace CLI {
 class App;
 }
@@ -10,10 +12,8 @@ class App;
 namespace quest {
 
 struct QuantizeFlags {
-    std::string in, out, calib;
-    int group = 0;           // 0: 128, or the input's group when it is already 4-bit
-    int calib_tokens = 512;  // --awq-calib: tokens of the calibration text used
-    int threads = 0;         // 0: all cores
+    std::string in, out;
+    QuantizeOptions options;  // --group, --awq-calib, --calib-tokens, --threads (defaults: model/io/quantize.h)
 };
 
 // Registers the subcommand on `app` (its flags land in `f`); run it with cmd_quantize when it was parsed.
