@@ -139,6 +139,17 @@ INSTANTIATE_TEST_SUITE_P(Fixtures, BpeFamily,
                              return name;
                          });
 
+// SmolLM2's GGUF: QUEST_SMOLLM2_GGUF, else where tools/fetch_smollm2.sh puts it; and the skip message without it.
+std::filesystem::path smollm2_gguf() {
+    const char* env = std::getenv("QUEST_SMOLLM2_GGUF");
+    return env ? std::filesystem::path(env)
+               : quest::test::source_dir() / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+std::string smollm2_absent(const std::filesystem::path& path) {
+    return path.string() + " is absent (run tools/fetch_smollm2.sh, or set QUEST_SMOLLM2_GGUF to "
+                           "SmolLM2-135M-Instruct.Q4_1.gguf)";
+}
+
 TEST(Bpe, NfcMatchesPythonUnicodedata) {
     // Combining marks of several classes (reordering), Hangul jamo (algorithmic composition), singletons and
     // composition exclusions, against Python's unicodedata.normalize("NFC").
@@ -321,14 +332,8 @@ bool read_gguf_vocab(const std::filesystem::path& gguf_file, GgufVocab& out) {
 }
 
 TEST(BpeGguf, SmolLM2VocabularyMatchesHuggingFace) {
-    // QUEST_SMOLLM2_GGUF, else where tools/fetch_smollm2.sh puts it.
-    const char* env = std::getenv("QUEST_SMOLLM2_GGUF");
-    const std::filesystem::path path =
-        env ? std::filesystem::path(env)
-            : quest::test::source_dir() / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (!std::filesystem::exists(path))
-        GTEST_SKIP() << path << " is absent (run tools/fetch_smollm2.sh, or set QUEST_SMOLLM2_GGUF to "
-                        "SmolLM2-135M-Instruct.Q4_1.gguf)";
+    const std::filesystem::path path = smollm2_gguf();
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << smollm2_absent(path);
     GgufVocab g;
     ASSERT_TRUE(read_gguf_vocab(path, g)) << path << ": no tokenizer.ggml.{tokens, merges, token_type}";
     const BpeTokenizer tok = BpeTokenizer::from_gguf_vocab(g.tokens, g.merges, g.types, g.bos, g.eos, "smollm");
@@ -416,13 +421,8 @@ TEST(BpeWrite, TinyGgufVocabularyAsTokenizerJsonGivesTheGgufIds) {
 }
 
 TEST(BpeWrite, SmolLM2GgufVocabularyAsTokenizerJsonMatchesHuggingFace) {
-    const char* env = std::getenv("QUEST_SMOLLM2_GGUF");
-    const std::filesystem::path path =
-        env ? std::filesystem::path(env)
-            : quest::test::source_dir() / "models" / "smollm2" / "SmolLM2-135M-Instruct.Q4_1.gguf";
-    if (!std::filesystem::exists(path))
-        GTEST_SKIP() << path << " is absent (run tools/fetch_smollm2.sh, or set QUEST_SMOLLM2_GGUF to "
-                        "SmolLM2-135M-Instruct.Q4_1.gguf)";
+    const std::filesystem::path path = smollm2_gguf();
+    if (!std::filesystem::exists(path)) GTEST_SKIP() << smollm2_absent(path);
     const auto f = quest::GgufFile::open(path);
     const auto gguf_tok = quest::gguf_tokenizer(*f);
     const auto written = load_written(quest::gguf_tokenizer_json(*f, quest::gguf_model_config(*f)), "smollm2_gguf");

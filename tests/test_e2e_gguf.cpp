@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/fp16_weights.h"
 #include "engine/chat.h"
 #include "engine/sampler.h"
 #include "kernels/common/dtype.h"
@@ -378,13 +379,7 @@ TEST(E2eSmolLM2, Fp16RoundedWeightsStayNearTransformers) {
     const test::SmolLM2Reference ref = test::load_smollm2_reference(test::source_dir());
     const ModelFolder m = open_model_folder(smollm2());
     auto w = std::make_shared<LlamaWeightsF32>(load_model_weights_f32(m));
-    auto round = [](std::vector<float>& v) {
-        for (float& x : v) x = half_to_float(float_to_half(x));
-    };
-    round(w->embed);
-    round(w->lm_head);
-    for (auto& l : w->layers)
-        for (auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) round(*v);
+    test::round_matrices_to_fp16(*w);
     CpuLlama backend(w, full_attention(), ref.positions());
     const test::SmolLM2RunError e = test::expect_smollm2_parity(backend, ref, 5e-3, 0.05, "cpu, fp16-rounded weights");
     EXPECT_EQ(e.greedy_same, e.greedy_checked);

@@ -132,6 +132,23 @@ std::string open_error(const Tiny& t) {
     return input_error([&] { open_bytes(t.bytes()); });
 }
 
+// A tensor of a reference.safetensors (tools/make_hf_fixtures.py) as floats: I32 ids converted, float logits as they
+// are.
+std::vector<float> reference_floats(const SafeTensorsFile& ref, const char* name) {
+    const TensorInfo* t = ref.find(name);
+    EXPECT_NE(t, nullptr) << name;
+    if (!t) return {};
+    std::vector<float> out(size_t(t->numel()));
+    if (t->dtype == DType::I32) {
+        std::vector<int32_t> ids(out.size());
+        std::memcpy(ids.data(), ref.data(*t), t->nbytes());
+        for (size_t i = 0; i < ids.size(); ++i) out[i] = float(ids[i]);
+    } else {
+        convert_to_f32(t->dtype, ref.data(*t), out.data(), out.size());
+    }
+    return out;
+}
+
 TEST(Gguf, TinyValidFileOpens) {
     const auto f = open_bytes(Tiny{}.bytes());
     ASSERT_EQ(f->tensors().size(), 2u);
@@ -583,19 +600,7 @@ TEST_F(GgufLlamaGqa4, CpuBackendMatchesTransformers) {
     const ModelConfig c = gguf_model_config(*f);
     auto weights = std::make_shared<const LlamaWeightsF32>(load_llama_weights_f32_gguf(*f, c));
     const auto ref = SafeTensorsFile::open(hf_dir() / "reference.safetensors");
-    auto read = [&](const char* name) {
-        const TensorInfo* t = ref->find(name);
-        EXPECT_NE(t, nullptr) << name;
-        std::vector<float> out(size_t(t->numel()));
-        if (t->dtype == DType::I32) {
-            std::vector<int32_t> ids(out.size());
-            std::memcpy(ids.data(), ref->data(*t), t->nbytes());
-            for (size_t i = 0; i < ids.size(); ++i) out[i] = float(ids[i]);
-        } else {
-            convert_to_f32(t->dtype, ref->data(*t), out.data(), out.size());
-        }
-        return out;
-    };
+    auto read = [&](const char* name) { return reference_floats(*ref, name); };
     const std::vector<float> prompt_f = read("prompt_ids"), decode_f = read("decode_ids");
     const std::vector<float> prefill_ref = read("prefill_logits"), decode_ref = read("decode_logits");
     const std::vector<int> prompt(prompt_f.begin(), prompt_f.end());
@@ -782,18 +787,7 @@ TEST(GgufQwen2, TensorsAndLogitsEqualTheHfCheckpoint) {
     auto weights = std::make_shared<const LlamaWeightsF32>(load_llama_weights_f32_gguf(*f, c));
     ASSERT_EQ(weights->layers[1].bk.size(), size_t(c.kv_dim()));
     const auto ref = SafeTensorsFile::open(hf_dir / "reference.safetensors");
-    auto floats = [&](const char* name) {
-        const TensorInfo* t = ref->find(name);
-        std::vector<float> out(size_t(t->numel()));
-        if (t->dtype == DType::I32) {
-            std::vector<int32_t> ids(out.size());
-            std::memcpy(ids.data(), ref->data(*t), t->nbytes());
-            for (size_t i = 0; i < ids.size(); ++i) out[i] = float(ids[i]);
-        } else {
-            convert_to_f32(t->dtype, ref->data(*t), out.data(), out.size());
-        }
-        return out;
-    };
+    auto floats = [&](const char* name) { return reference_floats(*ref, name); };
     const std::vector<float> prompt_f = floats("prompt_ids"), decode_f = floats("decode_ids");
     const std::vector<float> decode_ref = floats("decode_logits");
     QuestSettings full;

@@ -18,6 +18,8 @@ import sys
 import sentencepiece as spm
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tools"))
+from make_retrieval_data import train_llama_style_spm  # noqa: E402
 
 
 def main() -> int:
@@ -32,33 +34,7 @@ def main() -> int:
         print(f"error: {args.corpus} has no text", file=sys.stderr)
         return 1
 
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(lines),
-        model_writer=model,
-        model_type="bpe",
-        vocab_size=512,
-        character_coverage=1.0,
-        byte_fallback=True,
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        # Normalization as Llama-2's tokenizer.model: nothing rewritten, a leading space added, spaces kept.
-        normalization_rule_name="identity",
-        add_dummy_prefix=True,
-        remove_extra_whitespaces=False,
-        split_digits=True,
-        allow_whitespace_only_pieces=True,
-        max_sentencepiece_length=16,
-        max_sentence_length=4192,
-        # Determinism: every line, in order, on one thread.
-        num_threads=1,
-        shuffle_input_sentence=False,
-        input_sentence_size=0,
-        self_test_sample_size=0,
-        minloglevel=2,
-    )
+    model = io.BytesIO(train_llama_style_spm(lines, 512, 4192))
 
     args.output.parent.mkdir(parents=True, exist_ok=True)
     args.output.write_bytes(model.getvalue())

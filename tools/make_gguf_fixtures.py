@@ -66,6 +66,18 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 OUT = ROOT / "tests" / "fixtures" / "gguf"
 
 
+
+def one_layer_shapes(h: int, f: int, V: int, q: int, kv: int) -> dict:
+    """Hugging Face tensor names and shapes of a 1-layer Llama (hidden h, MLP f, vocabulary V, q / kv widths)."""
+    shapes = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
+    for name, shape in (("input_layernorm.weight", (h,)), ("self_attn.q_proj.weight", (q, h)),
+                        ("self_attn.k_proj.weight", (kv, h)), ("self_attn.v_proj.weight", (kv, h)),
+                        ("self_attn.o_proj.weight", (h, q)), ("post_attention_layernorm.weight", (h,)),
+                        ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)),
+                        ("mlp.down_proj.weight", (h, f))):
+        shapes["model.layers.0." + name] = shape
+    return shapes
+
 def permute(w: np.ndarray, n_head: int) -> np.ndarray:
     """llama.cpp's LlamaModel.permute for a [rows][cols] projection with n_head heads."""
     return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
@@ -269,13 +281,7 @@ def write_tiny_tied(rng: np.random.Generator) -> dict:
            "rope_theta": 500000.0, "vocab_size": 48, "bos_token_id": 3, "eos_token_id": 7,
            "rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}}
     h, f, V, q, kv = 32, 64, 48, 32, 16
-    shapes = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
-    for name, shape in (("input_layernorm.weight", (h,)), ("self_attn.q_proj.weight", (q, h)),
-                        ("self_attn.k_proj.weight", (kv, h)), ("self_attn.v_proj.weight", (kv, h)),
-                        ("self_attn.o_proj.weight", (h, q)), ("post_attention_layernorm.weight", (h,)),
-                        ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)),
-                        ("mlp.down_proj.weight", (h, f))):
-        shapes["model.layers.0." + name] = shape
+    shapes = one_layer_shapes(h, f, V, q, kv)
     tensors = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
     save_file(tensors, str(OUT / "tiny_tied_hf.safetensors"))
     write_llama(OUT / "tiny_tied.gguf", tensors, cfg)
@@ -427,13 +433,7 @@ def write_spm_demo(rng: np.random.Generator) -> None:
            "vocab_size": 512, "bos_token_id": 1, "eos_token_id": 2, "tie_word_embeddings": True,
            "torch_dtype": "float32"}
     h, f, V, q, kv = 16, 32, 512, 16, 8
-    shapes = {"model.embed_tokens.weight": (V, h), "model.norm.weight": (h,)}
-    for name, shape in (("input_layernorm.weight", (h,)), ("self_attn.q_proj.weight", (q, h)),
-                        ("self_attn.k_proj.weight", (kv, h)), ("self_attn.v_proj.weight", (kv, h)),
-                        ("self_attn.o_proj.weight", (h, q)), ("post_attention_layernorm.weight", (h,)),
-                        ("mlp.gate_proj.weight", (f, h)), ("mlp.up_proj.weight", (f, h)),
-                        ("mlp.down_proj.weight", (h, f))):
-        shapes["model.layers.0." + name] = shape
+    shapes = one_layer_shapes(h, f, V, q, kv)
     # Norms near 1 and matrices of a sane scale, so that greedy decoding does not repeat one token at once.
     tensors = {n: (1 + 0.1 * rng.standard_normal(s) if len(s) == 1 else rng.standard_normal(s) / np.sqrt(s[-1]) * 2)
                .astype(np.float32) for n, s in shapes.items()}

@@ -491,27 +491,29 @@ def corpus_lines(seed=0, n_docs=3000):
     return lines
 
 
-def train_tokenizer(vocab=2048, seed=0):
+def train_llama_style_spm(lines, vocab, max_sentence_length):
+    """A SentencePiece BPE model (serialized) trained on `lines` as Llama-2's tokenizer.model is set up: byte fallback,
+    <unk>=0 <s>=1 </s>=2 and no pad, nothing rewritten, a dummy-prefix space, spaces kept; digits one token each so
+    that numbers are copied digit by digit. Single-threaded and unshuffled, the lines passed as an iterator (no file
+    path in the model): the same sentencepiece version gives the same bytes on every run. tools/make_demo_tokenizer.py
+    uses it too."""
     import sentencepiece as spm
     model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus_lines(seed)),
+        sentence_iterator=iter(lines),
         model_writer=model,
         model_type="bpe",
         vocab_size=vocab,
         character_coverage=1.0,
         byte_fallback=True,
         unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
-        # As Llama-2's tokenizer.model (and models/demo's 512-piece one): nothing rewritten, a dummy-prefix space,
-        # spaces kept; digits one token each so that numbers are copied digit by digit.
         normalization_rule_name="identity",
         add_dummy_prefix=True,
         remove_extra_whitespaces=False,
         split_digits=True,
         allow_whitespace_only_pieces=True,
         max_sentencepiece_length=16,
-        max_sentence_length=1 << 16,
-        # Determinism: every line, in order, on one thread.
+        max_sentence_length=max_sentence_length,
         num_threads=1,
         shuffle_input_sentence=False,
         input_sentence_size=0,
@@ -519,6 +521,10 @@ def train_tokenizer(vocab=2048, seed=0):
         minloglevel=2,
     )
     return model.getvalue()
+
+
+def train_tokenizer(vocab=2048, seed=0):
+    return train_llama_style_spm(corpus_lines(seed), vocab, 1 << 16)
 
 
 class HfTokenizer:

@@ -19,18 +19,13 @@
 #include "model/io/weights.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/tokenizer.h"
+#include "tests/fp16_weights.h"
 
 namespace quest::test {
 
 inline std::shared_ptr<LlamaWeightsF32> fp16_rounded_weights(const ModelFolder& m) {
     auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(m.dir), m.config));
-    auto round = [](std::vector<float>& v) {
-        for (float& x : v) x = half_to_float(float_to_half(x));
-    };
-    round(w->embed);
-    round(w->lm_head);
-    for (auto& l : w->layers)
-        for (auto* v : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) round(*v);
+    round_matrices_to_fp16(*w);
     return w;
 }
 

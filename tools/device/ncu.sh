@@ -11,9 +11,6 @@
 # e.g. the device tool: command "bash tools/device/ncu.sh int4 quest", carry [".device-pack", ".device-deps"]
 set -u
 . "$(dirname "$0")/env.sh"
-OUT=${OUT:-/tmp/quest-out}
-mkdir -p "$OUT"
-BIN=${BIN:-$PWD/.device-bin}
 BIN=$(cd "$BIN" && pwd)
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 # NCU_EXTRA adds sections, e.g. "--section SourceCounters" (stall reasons per source line; slower).

@@ -24,9 +24,6 @@
 #   QUEST_TOKENS=300 FULL_START=1500 FULL_TOKENS=200 tools/device/soak.sh fill quest full   (limit/reset need a GPU)
 set -u
 . "$(dirname "$0")/env.sh"
-OUT=${OUT:-/tmp/quest-out}
-mkdir -p "$OUT"
-BIN=${BIN:-$PWD/.device-bin}
 BIN=$(cd "$BIN" && pwd)
 BACKEND=${BACKEND:-cuda}
 SOAK_CONFIG=${SOAK_CONFIG:-configs/llama2-7b.json}
