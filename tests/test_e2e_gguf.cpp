@@ -115,6 +115,7 @@ TEST(E2eGguf, QuantizeTakesAGgufFile) {
     EXPECT_THAT(r.err, HasSubstr("no tokenizer written"));
     EXPECT_THAT(r.err, HasSubstr("key 'tokenizer.ggml.scores': missing"));
     EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
+    EXPECT_FALSE(fs::exists(out / "tokenizer.model"));
     const ModelFolder q = open_model_folder(out);
     const ModelFolder g = open_model_folder(gguf_fixture());
     EXPECT_EQ(q.config.num_layers, g.config.num_layers);

@@ -8,6 +8,8 @@
 // tokenizer.model from ../shared, converted at test time (VocabGguf below: the converter's fields, byte by byte) and
 // skipped, saying so, when ../shared is absent; and the stories260K model as a GGUF that
 // `tools/make_gguf_fixtures.py --shared build/gguf-shared` writes (skipped, saying so, when it has not been run).
+// The tokenizer.model that quantize writes from such a GGUF (tokenizer/spm_write.h) has the same oracle: loaded by
+// libsentencepiece, it gives the ids and text of the tokenizer.model the vocabulary came from.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -25,6 +27,7 @@
 #include "test_util.h"
 #include "tokenizer/sentencepiece.h"
 #include "tokenizer/spm_gguf.h"
+#include "tokenizer/spm_write.h"
 #include "tokenizer/utf8.h"
 
 namespace quest {
@@ -79,7 +82,7 @@ struct VocabGguf {
     std::vector<int32_t> types;
     int bos = 1, eos = 2;
     std::optional<int> unk;
-    std::optional<bool> add_space_prefix, remove_extra_ws;
+    std::optional<bool> add_space_prefix, remove_extra_ws, add_bos, add_eos;
     std::string model = "llama";
     bool with_scores = true, with_types = true;
 
@@ -133,6 +136,8 @@ struct VocabGguf {
             kv.push_back([&] { str("tokenizer.ggml.add_space_prefix"), u32(7), b.push_back(*add_space_prefix); });
         if (remove_extra_ws)
             kv.push_back([&] { str("tokenizer.ggml.remove_extra_whitespaces"), u32(7), b.push_back(*remove_extra_ws); });
+        if (add_bos) kv.push_back([&] { str("tokenizer.ggml.add_bos_token"), u32(7), b.push_back(*add_bos); });
+        if (add_eos) kv.push_back([&] { str("tokenizer.ggml.add_eos_token"), u32(7), b.push_back(*add_eos); });
         u32(3);
         u64(0);  // tensors
         u64(kv.size());
@@ -432,6 +437,132 @@ TEST(SpmGgufE2e, Stories260KGgufGeneratesTheLilyTextOfItsFolder) {
     ASSERT_EQ(g2.exit_code, 0) << g2.err;
     EXPECT_EQ(g2.out, h2.out);
     std::printf("stories260K.gguf: %s", g.out.c_str());
+}
+
+// ---------------------------------------------------------------------------------------------------------------------
+// The vocabulary written back as tokenizer.model (quantize of a SentencePiece GGUF)
+// ---------------------------------------------------------------------------------------------------------------------
+
+// Pieces, types, BOS/EOS, then ids and decoded text of every corpus line and edge text equal to the original
+// model's. Returns the mismatching texts.
+int compare_models(const SentencePieceTokenizer& written, const SentencePieceTokenizer& original) {
+    EXPECT_EQ(written.vocab_size(), original.vocab_size());
+    EXPECT_EQ(written.bos_id(), original.bos_id());
+    EXPECT_EQ(written.eos_id(), original.eos_id());
+    for (int id = 0; id < std::min(written.vocab_size(), original.vocab_size()); ++id) {
+        EXPECT_EQ(written.piece(id), original.piece(id)) << id;
+        EXPECT_EQ(written.is_control(id), original.is_control(id)) << id;
+        EXPECT_EQ(written.is_byte(id), original.is_byte(id)) << id;
+    }
+    std::vector<std::string> texts = corpus();
+    texts.insert(texts.end(), edge_texts().begin(), edge_texts().end());
+    int bad = 0;
+    size_t n_ids = 0;
+    for (size_t i = 0; i < texts.size(); ++i) {
+        const auto want = original.encode(texts[i], true);
+        const auto got = written.encode(texts[i], true);
+        n_ids += got.size();
+        if (got != want || written.decode(got) != original.decode(want))
+            if (++bad <= 5)
+                ADD_FAILURE() << "line " << i << ": " << ::testing::PrintToString(got) << " vs the original model's "
+                              << ::testing::PrintToString(want);
+    }
+    std::printf("[ spm write ] %zu texts (%zu ids) through the written tokenizer.model: %d mismatches\n", texts.size(),
+                n_ids, bad);
+    return bad;
+}
+
+fs::path quantize_demo(const std::string& name) {
+    const auto out = test::temp_dir(name) / "q";
+    const auto r = test::run_quest("quantize -m '" + demo_gguf().string() + "' -o '" + out.string() + "' --group 32",
+                                   name + "_run");
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_THAT(r.err, Not(HasSubstr("no tokenizer")));
+    return out;
+}
+
+TEST(SpmWrite, QuantizedDemoGgufFolderHasTheTokenizerModelOfItsVocabulary) {
+    const fs::path out = quantize_demo("spm_write_demo");
+    ASSERT_TRUE(fs::exists(out / "tokenizer.model"));
+    EXPECT_FALSE(fs::exists(out / "tokenizer.json"));
+    EXPECT_EQ(compare_models(SentencePieceTokenizer(out / "tokenizer.model"), SentencePieceTokenizer(demo_model())), 0);
+    // The folder's tokenizer is that file, and tokenizer_config.json names BOS and EOS.
+    const ModelFolder q = open_model_folder(out);
+    const auto tok = load_model_tokenizer(q);
+    EXPECT_NE(dynamic_cast<const SentencePieceTokenizer*>(tok.get()), nullptr);
+    const auto cfg = nlohmann::json::parse(test::slurp(out / "tokenizer_config.json"));
+    EXPECT_EQ(cfg["bos_token"], "<s>");
+    EXPECT_EQ(cfg["eos_token"], "</s>");
+    EXPECT_EQ(cfg["add_bos_token"], true);
+}
+
+// Llama-2's vocabulary (32000 pieces, byte fallback, no extra-whitespace removal) through a GGUF built at test time.
+TEST(SpmWrite, Llama2VocabularyWrittenBackGivesTheIdsOfItsTokenizerModel) {
+    QUEST_REQUIRE_PATH(llama2_model());
+    const auto tok = VocabGguf::from_model(llama2_model(), true, false).tokenizer();
+    const auto* spm = dynamic_cast<const SpmGgufTokenizer*>(tok.get());
+    ASSERT_NE(spm, nullptr);
+    const fs::path file = test::temp_dir("spm_write_llama2") / "tokenizer.model";
+    std::ofstream(file, std::ios::binary) << spm_model_proto(spm->vocab());
+    EXPECT_EQ(compare_models(SentencePieceTokenizer(file), SentencePieceTokenizer(llama2_model())), 0);
+}
+
+// stories260K's vocabulary removes extra whitespace and has no byte tokens: the written model does the same. Its
+// unk_surface is not in the GGUF (the written model has SentencePiece's default), so only the ids are compared.
+TEST(SpmWrite, Stories260KVocabularyWrittenBackGivesTheIdsOfItsTokenizerModel) {
+    QUEST_REQUIRE_PATH(stories_model());
+    const auto tok = VocabGguf::from_model(stories_model(), true, true).tokenizer();
+    const auto* spm = dynamic_cast<const SpmGgufTokenizer*>(tok.get());
+    ASSERT_NE(spm, nullptr);
+    const fs::path file = test::temp_dir("spm_write_stories") / "tokenizer.model";
+    std::ofstream(file, std::ios::binary) << spm_model_proto(spm->vocab());
+    const SentencePieceTokenizer written(file), original(stories_model());
+    int bad = 0;
+    std::vector<std::string> texts = corpus();
+    texts.insert(texts.end(), edge_texts().begin(), edge_texts().end());
+    for (const std::string& t : texts) bad += written.encode(t, true) != original.encode(t, true);
+    EXPECT_EQ(bad, 0);
+}
+
+// A vocabulary that a tokenizer.model folder would tokenize differently (no BOS added, or EOS added) gets no
+// tokenizer files, and the error names the key.
+TEST(SpmWrite, VocabularyWithoutBosOrWithEosIsRefusedNamingTheKey) {
+    for (const bool eos : {false, true}) {
+        VocabGguf v = VocabGguf::from_model(demo_model(), true, false);
+        (eos ? v.add_eos : v.add_bos) = eos;
+        const std::string b = v.bytes();
+        const auto f = GgufFile::from_memory({reinterpret_cast<const std::byte*>(b.data()), b.size()}, "v.gguf");
+        try {
+            gguf_tokenizer_files(*f, ModelConfig{});
+            ADD_FAILURE() << "no error";
+        } catch (const InputError& e) {
+            EXPECT_THAT(e.what(), HasSubstr(eos ? "key 'tokenizer.ggml.add_eos_token': true"
+                                                : "key 'tokenizer.ggml.add_bos_token': false"));
+        }
+    }
+}
+
+// generate on the quantized folder runs the written tokenizer.model: the same text as the same folder with the
+// original demo-512.model, and the prompt's ids those of the GGUF.
+TEST(SpmWriteE2e, QuantizedDemoFolderGeneratesWithTheWrittenTokenizer) {
+    const fs::path out = quantize_demo("spm_write_e2e");
+    const auto ref = test::temp_dir("spm_write_e2e_ref");
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer_config.json"}) fs::copy_file(out / f, ref / f);
+    fs::copy_file(demo_model(), ref / "tokenizer.model");
+    for (const std::string prompt : {"Once upon a time", "", "  two  spaces, caf\xc3\xa9 and \xe6\x97\xa5"}) {
+        SCOPED_TRACE(prompt);
+        const auto q = generate(out, prompt, 24);
+        const auto r = generate(ref, prompt, 24);
+        ASSERT_EQ(q.exit_code, 0) << q.err;
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(q.out, r.out);
+        EXPECT_GT(q.out.size(), prompt.size());
+        const auto tq = test::run_quest("tokenize -m '" + out.string() + "' -p '" + prompt + "' --ids", "spm_w_tok");
+        const auto tg = test::run_quest("tokenize -m '" + demo_gguf().string() + "' -p '" + prompt + "' --ids",
+                                        "spm_w_tok_g");
+        ASSERT_EQ(tq.exit_code, 0) << tq.err;
+        EXPECT_EQ(tq.out, tg.out);
+    }
 }
 
 }  // namespace

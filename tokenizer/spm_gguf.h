@@ -84,6 +84,9 @@ public:
     const std::filesystem::path& file() const override { return v_.file; }
     std::unique_ptr<TokenStream> make_stream() const override { return make_spm_stream(dec_, v_.file); }
 
+    // The vocabulary as read, the unknown id resolved (tokenizer/spm_write.h writes it as a tokenizer.model).
+    const SpmVocab& vocab() const { return v_; }
+
     // The normalized text (with "▁") that the BPE runs over, for tests and diagnostics.
     std::string normalize(std::string_view text) const;
 

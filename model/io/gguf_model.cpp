@@ -309,9 +309,11 @@ Int4FromGguf gguf_load_linear_int4(const GgufFile& f, const ModelConfig& c, cons
 }  // namespace quest
 
 #include <cstring>
+#include <nlohmann/json.hpp>
 
 #include "tokenizer/bpe.h"
 #include "tokenizer/spm_gguf.h"
+#include "tokenizer/spm_write.h"
 
 namespace quest {
 
@@ -427,6 +429,32 @@ TokenizerJsonFiles gguf_tokenizer_json(const GgufFile& f, const ModelConfig& c) 
     const auto* bpe = dynamic_cast<const BpeTokenizer*>(tok.get());
     if (!bpe) throw std::logic_error("gguf_tokenizer returned a tokenizer that is not byte-level BPE");
     return write_tokenizer_json(bpe->data(), gguf_chat_template(f), c.max_position_embeddings);
+}
+
+std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const GgufFile& f, const ModelConfig& c) {
+    const std::unique_ptr<Tokenizer> tok = gguf_tokenizer(f);
+    const auto* spm = dynamic_cast<const SpmGgufTokenizer*>(tok.get());
+    if (!spm) {
+        TokenizerJsonFiles tj = gguf_tokenizer_json(f, c);
+        return {{"tokenizer.json", std::move(tj.tokenizer_json)},
+                {"tokenizer_config.json", std::move(tj.tokenizer_config_json)}};
+    }
+    const SpmVocab& v = spm->vocab();
+    if (!v.add_bos)
+        throw InputError(f.name() + ": key 'tokenizer.ggml.add_bos_token': false, but a tokenizer.model folder "
+                                    "always adds BOS");
+    if (v.add_eos)
+        throw InputError(f.name() + ": key 'tokenizer.ggml.add_eos_token': true, but a tokenizer.model folder adds "
+                                    "no EOS");
+    nlohmann::json cfg = {{"tokenizer_class", "LlamaTokenizer"},
+                          {"add_bos_token", true},
+                          {"add_eos_token", false},
+                          {"model_max_length", c.max_position_embeddings}};
+    if (v.bos >= 0) cfg["bos_token"] = v.tokens[v.bos];
+    if (v.eos >= 0) cfg["eos_token"] = v.tokens[v.eos];
+    cfg["unk_token"] = v.tokens[v.unk];
+    if (const std::string t = gguf_chat_template(f); !t.empty()) cfg["chat_template"] = t;
+    return {{"tokenizer.model", spm_model_proto(v)}, {"tokenizer_config.json", cfg.dump(2) + "\n"}};
 }
 
 }  // namespace quest

@@ -36,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/core/config.h"
@@ -102,5 +103,12 @@ std::string gguf_chat_template(const GgufFile& f);
 // and the chat template, so that load_tokenizer on the folder gives the ids gguf_tokenizer gives. The InputErrors
 // of gguf_tokenizer when the file has no vocabulary this engine reads.
 TokenizerJsonFiles gguf_tokenizer_json(const GgufFile& f, const ModelConfig& c);
+
+// The file's tokenizer as the files of a Hugging Face folder, name and content: for a byte-level BPE vocabulary
+// tokenizer.json and tokenizer_config.json (gguf_tokenizer_json); for a SentencePiece one tokenizer.model
+// (tokenizer/spm_write.h) and tokenizer_config.json (BOS, EOS, the chat template). The InputErrors of gguf_tokenizer;
+// and for a SentencePiece vocabulary with add_bos_token false or add_eos_token true, an InputError naming the key
+// (a tokenizer.model folder adds BOS and no EOS, so its ids would differ).
+std::vector<std::pair<std::string, std::string>> gguf_tokenizer_files(const GgufFile& f, const ModelConfig& c);
 
 }  // namespace quest

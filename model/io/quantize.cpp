@@ -702,19 +702,17 @@ QuantizeSummary quantize_model(const std::filesystem::path& in, const std::files
     // Every output file is written whole or not at all (an interrupted quantize leaves no partial file).
     write_file_atomic(out / "config.json", cj.dump(2) + "\n");
     if (model.is_gguf()) {
-        // The GGUF's vocabulary, merges and chat template as tokenizer.json + tokenizer_config.json. A file whose
-        // vocabulary this engine cannot read gives a folder without a tokenizer, said here.
-        std::optional<TokenizerJsonFiles> tj;
+        // The GGUF's vocabulary and chat template as a Hugging Face folder holds them: tokenizer.json for a
+        // byte-level BPE vocabulary, tokenizer.model for a SentencePiece one, and tokenizer_config.json. A file
+        // whose vocabulary this engine cannot read gives a folder without a tokenizer, said here.
+        std::vector<std::pair<std::string, std::string>> files;
         try {
-            tj = gguf_tokenizer_json(*model.gguf, config);
+            files = gguf_tokenizer_files(*model.gguf, config);
         } catch (const InputError& e) {
             say("note: no tokenizer written to " + out.string() + " (" + e.what() +
                 "): the output runs bench and soak, not text");
         }
-        if (tj) {
-            write_file_atomic(out / "tokenizer.json", tj->tokenizer_json);
-            write_file_atomic(out / "tokenizer_config.json", tj->tokenizer_config_json);
-        }
+        for (const auto& [name, content] : files) write_file_atomic(out / name, content);
     } else
         for (const char* name : {"tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                                  "generation_config.json", "tokenizer.json"})
