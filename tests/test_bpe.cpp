@@ -354,9 +354,7 @@ std::unique_ptr<Tokenizer> load_written(const quest::TokenizerJsonFiles& files, 
 
 // The same ids for every corpus line (with and without what the tokenizer adds around a text), the same specials.
 int count_differences(const Tokenizer& a, const Tokenizer& b) {
-    EXPECT_EQ(a.vocab_size(), b.vocab_size());
-    EXPECT_EQ(a.bos_id(), b.bos_id());
-    EXPECT_EQ(a.eos_id(), b.eos_id());
+    quest::test::expect_same_specials(a, b);
     EXPECT_EQ(a.end_of_turn_ids(), b.end_of_turn_ids());
     for (int id = 0; id < std::min(a.vocab_size(), b.vocab_size()); ++id) {
         EXPECT_EQ(a.is_control(id), b.is_control(id)) << id;

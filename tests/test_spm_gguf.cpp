@@ -446,9 +446,7 @@ TEST(SpmGgufE2e, Stories260KGgufGeneratesTheLilyTextOfItsFolder) {
 // Pieces, types, BOS/EOS, then ids and decoded text of every corpus line and edge text equal to the original
 // model's. Returns the mismatching texts.
 int compare_models(const SentencePieceTokenizer& written, const SentencePieceTokenizer& original) {
-    EXPECT_EQ(written.vocab_size(), original.vocab_size());
-    EXPECT_EQ(written.bos_id(), original.bos_id());
-    EXPECT_EQ(written.eos_id(), original.eos_id());
+    test::expect_same_specials(written, original);
     for (int id = 0; id < std::min(written.vocab_size(), original.vocab_size()); ++id) {
         EXPECT_EQ(written.piece(id), original.piece(id)) << id;
         EXPECT_EQ(written.is_control(id), original.is_control(id)) << id;
@@ -496,14 +494,20 @@ TEST(SpmWrite, QuantizedDemoGgufFolderHasTheTokenizerModelOfItsVocabulary) {
     EXPECT_EQ(cfg["add_bos_token"], true);
 }
 
+// The vocabulary of a GGUF read back by SpmGgufTokenizer, written as a tokenizer.model into a fresh folder `name`.
+fs::path write_back(const VocabGguf& vocab, const std::string& name) {
+    const auto tok = vocab.tokenizer();
+    const auto* spm = dynamic_cast<const SpmGgufTokenizer*>(tok.get());
+    EXPECT_NE(spm, nullptr);
+    const fs::path file = test::temp_dir(name) / "tokenizer.model";
+    if (spm) std::ofstream(file, std::ios::binary) << spm_model_proto(spm->vocab());
+    return file;
+}
+
 // Llama-2's vocabulary (32000 pieces, byte fallback, no extra-whitespace removal) through a GGUF built at test time.
 TEST(SpmWrite, Llama2VocabularyWrittenBackGivesTheIdsOfItsTokenizerModel) {
     QUEST_REQUIRE_PATH(llama2_model());
-    const auto tok = VocabGguf::from_model(llama2_model(), true, false).tokenizer();
-    const auto* spm = dynamic_cast<const SpmGgufTokenizer*>(tok.get());
-    ASSERT_NE(spm, nullptr);
-    const fs::path file = test::temp_dir("spm_write_llama2") / "tokenizer.model";
-    std::ofstream(file, std::ios::binary) << spm_model_proto(spm->vocab());
+    const fs::path file = write_back(VocabGguf::from_model(llama2_model(), true, false), "spm_write_llama2");
     EXPECT_EQ(compare_models(SentencePieceTokenizer(file), SentencePieceTokenizer(llama2_model())), 0);
 }
 
@@ -511,11 +515,7 @@ TEST(SpmWrite, Llama2VocabularyWrittenBackGivesTheIdsOfItsTokenizerModel) {
 // unk_surface is not in the GGUF (the written model has SentencePiece's default), so only the ids are compared.
 TEST(SpmWrite, Stories260KVocabularyWrittenBackGivesTheIdsOfItsTokenizerModel) {
     QUEST_REQUIRE_PATH(stories_model());
-    const auto tok = VocabGguf::from_model(stories_model(), true, true).tokenizer();
-    const auto* spm = dynamic_cast<const SpmGgufTokenizer*>(tok.get());
-    ASSERT_NE(spm, nullptr);
-    const fs::path file = test::temp_dir("spm_write_stories") / "tokenizer.model";
-    std::ofstream(file, std::ios::binary) << spm_model_proto(spm->vocab());
+    const fs::path file = write_back(VocabGguf::from_model(stories_model(), true, true), "spm_write_stories");
     const SentencePieceTokenizer written(file), original(stories_model());
     int bad = 0;
     std::vector<std::string> texts = corpus();

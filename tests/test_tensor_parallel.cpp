@@ -132,31 +132,8 @@ private:
                     const float* qt = &q[size_t(t) * qd];
                     Selection sel;
                     if (select) {  // Quest on the rank's heads and metadata alone
-                        QuestSelectArgs a;
-                        a.q = qt;
-                        a.kmin = cache.kmin(l);
-                        a.kmax = cache.kmax(l);
-                        a.num_heads = s.num_heads;
-                        a.num_kv_heads = s.num_kv_heads;
-                        a.head_dim = D;
-                        a.page_capacity = cache.shape().pages();
-                        a.len = len;
-                        a.page_size = q_.page_size;
-                        a.page_budget = q_.page_budget();
-                        a.policy = q_.gqa_policy;
-                        a.selector = q_.selector;
-                        a.keys = cache.keys(l, 0);
-                        a.key_capacity = cache.shape().capacity;
-                        a.scale = scale;
-                        a.metadata = q_.metadata;
-                        a.sub_kmin = cache.sub_kmin(l);
-                        a.sub_kmax = cache.sub_kmax(l);
-                        a.sub_capacity = cache.shape().sub_pages();
-                        a.sub_page = q_.sub_page;
-                        a.shortlist = q_.shortlist;
-                        a.mass_target = float(q_.mass_target);
-                        a.match_bytes = q_.match_bytes;
-                        a.window_start = first;
+                        const QuestSelectArgs a = quest_select_args(q_, cache, l, qt, s.num_heads, s.num_kv_heads, D, len,
+                                                                    first, scale);
                         select_blocks_ref(a, sel);
                         for (int h = 0; h < s.num_heads; ++h) sel_[l][plan_.rank[r].heads.begin + h] = sel.blocks[h];
                     }
@@ -279,18 +256,25 @@ std::shared_ptr<const LlamaWeightsF32> fixture_weights(const std::string& name) 
         load_model_weights_f32(open_model_folder(test::source_dir() / "tests/fixtures/hf" / name)));
 }
 
+// A Llama shape: hidden, MLP width, layers, query heads, KV heads, head_dim, vocabulary, positions.
+ModelConfig llama_shape(int hidden, int intermediate, int layers, int heads, int kv_heads, int head_dim, int vocab,
+                        int positions) {
+    ModelConfig c;
+    c.hidden_size = hidden;
+    c.intermediate_size = intermediate;
+    c.num_layers = layers;
+    c.num_heads = heads;
+    c.num_kv_heads = kv_heads;
+    c.head_dim = head_dim;
+    c.vocab_size = vocab;
+    c.max_position_embeddings = positions;
+    return c;
+}
+
 // A seeded random Llama with 8 KV heads (so 1, 2, 4 and 8 ranks), an intermediate size and a vocabulary that 8
 // does not divide (the uneven splits), GQA groups of 2, three layers.
 std::shared_ptr<const LlamaWeightsF32> random_weights(bool tied) {
-    ModelConfig c;
-    c.hidden_size = 64;
-    c.intermediate_size = 100;
-    c.num_layers = 3;
-    c.num_heads = 16;
-    c.num_kv_heads = 8;
-    c.head_dim = 8;
-    c.vocab_size = 203;
-    c.max_position_embeddings = 256;
+    ModelConfig c = llama_shape(64, 100, 3, 16, 8, 8, 203, 256);
     c.tie_word_embeddings = tied;
     std::mt19937 rng(7);
     std::normal_distribution<float> g(0.0f, 1.0f);
@@ -381,15 +365,7 @@ TEST(TpPlan, RefusesLayoutsThatSplitKvHeads) {
 // Llama-2-70B in FP16 (8 KV heads, 80 layers, 138 GB = 128.4 GiB of weights) with a 32K context (10 GiB of KV) does
 // not fit one GPU of 139 GiB (an H200 as lent); it fits two, each rank holding half the matrices and half the KV cache.
 TEST(TpMemory, SeventyBillionNeedsTwoGpus) {
-    ModelConfig c;
-    c.hidden_size = 8192;
-    c.intermediate_size = 28672;
-    c.num_layers = 80;
-    c.num_heads = 64;
-    c.num_kv_heads = 8;
-    c.head_dim = 128;
-    c.vocab_size = 32000;
-    c.max_position_embeddings = 32768;
+    ModelConfig c = llama_shape(8192, 28672, 80, 64, 8, 128, 32000, 32768);
     QuestSettings q;
     const size_t gpu = size_t(139) << 30;
     const TpFit one = fit_tp_memory(make_tp_plan(c, 1), q, 32768, gpu);

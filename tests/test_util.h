@@ -35,6 +35,14 @@ inline std::filesystem::path shared_dir() {
     return source_dir() / ".." / "shared";
 }
 
+// Two tokenizers have the same vocabulary size and BOS / EOS ids (gtest expectations).
+template <class A, class B>
+void expect_same_specials(const A& a, const B& b) {
+    EXPECT_EQ(a.vocab_size(), b.vocab_size());
+    EXPECT_EQ(a.bos_id(), b.bos_id());
+    EXPECT_EQ(a.eos_id(), b.eos_id());
+}
+
 // A fresh, empty temporary directory for one test.
 inline std::filesystem::path temp_dir(const std::string& name) {
     auto dir = std::filesystem::temp_directory_path() / ("quest_test_" + name + "_" + std::to_string(::getpid()));

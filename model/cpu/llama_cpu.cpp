@@ -178,31 +178,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
             const int first = window > 0 ? std::max(0, len - window) : 0;  // ... within its layer's window
             const float* qt = &q[size_t(t) * c.q_dim()];
             if (select) {
-                QuestSelectArgs a;
-                a.q = qt;
-                a.kmin = cache_.kmin(l);
-                a.kmax = cache_.kmax(l);
-                a.num_heads = NH;
-                a.num_kv_heads = NKV;
-                a.head_dim = D;
-                a.page_capacity = cache_.shape().pages();
-                a.len = len;
-                a.page_size = quest_.page_size;
-                a.page_budget = quest_.page_budget();
-                a.policy = quest_.gqa_policy;
-                a.selector = quest_.selector;
-                a.keys = cache_.keys(l, 0);  // the oracle reads every key (KV heads are contiguous in a layer)
-                a.key_capacity = cache_.shape().capacity;
-                a.scale = scale;
-                a.metadata = quest_.metadata;
-                a.sub_kmin = cache_.sub_kmin(l);
-                a.sub_kmax = cache_.sub_kmax(l);
-                a.sub_capacity = cache_.shape().sub_pages();
-                a.sub_page = quest_.sub_page;
-                a.shortlist = quest_.shortlist;
-                a.mass_target = static_cast<float>(quest_.mass_target);
-                a.match_bytes = quest_.match_bytes;
-                a.window_start = first;
+                const QuestSelectArgs a = quest_select_args(quest_, cache_, l, qt, NH, NKV, D, len, first, scale);
                 const int pages = (len + quest_.page_size - 1) / quest_.page_size;
                 // A windowed layer selects afresh each step (a reused page may have left the window).
                 if (window == 0 && may_reuse(l, qt, pages)) {
@@ -274,6 +250,36 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
     matmul_ref(out.data(), w_->output_matrix().data(), &xn[size_t(first) * H], count, c.vocab_size, H);
     std::copy(out.end() - c.vocab_size, out.end(), logits_.begin());
     if (all_logits) *all_logits = std::move(out);
+}
+
+QuestSelectArgs quest_select_args(const QuestSettings& q, const KvCache& cache, int layer, const float* qt,
+                                  int num_heads, int num_kv_heads, int head_dim, int len, int window_start, float scale) {
+    QuestSelectArgs a;
+    a.q = qt;
+    a.kmin = cache.kmin(layer);
+    a.kmax = cache.kmax(layer);
+    a.num_heads = num_heads;
+    a.num_kv_heads = num_kv_heads;
+    a.head_dim = head_dim;
+    a.page_capacity = cache.shape().pages();
+    a.len = len;
+    a.page_size = q.page_size;
+    a.page_budget = q.page_budget();
+    a.policy = q.gqa_policy;
+    a.selector = q.selector;
+    a.keys = cache.keys(layer, 0);  // the oracle reads every key (KV heads are contiguous in a layer)
+    a.key_capacity = cache.shape().capacity;
+    a.scale = scale;
+    a.metadata = q.metadata;
+    a.sub_kmin = cache.sub_kmin(layer);
+    a.sub_kmax = cache.sub_kmax(layer);
+    a.sub_capacity = cache.shape().sub_pages();
+    a.sub_page = q.sub_page;
+    a.shortlist = q.shortlist;
+    a.mass_target = static_cast<float>(q.mass_target);
+    a.match_bytes = q.match_bytes;
+    a.window_start = window_start;
+    return a;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
