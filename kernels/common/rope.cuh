@@ -36,8 +36,8 @@ struct KvLayerView {
     int page_size = 0;  // S
     int max_pages = 0;  // capacity / S
     // Sliding window of the layer (ModelConfig::attention_window), 0 for full attention: the token at position p
-    // attends keys (p - window, p]. Read by attention_prefill and attention_decode; the Quest launches do not
-    // honour it (the CUDA backend refuses Quest layers whose window is shorter than the cache).
+    // attends keys (p - window, p]. Honoured by attention_prefill, attention_decode and the page selectors'
+    // launches (kernels/select/quest.cuh); the fused Quest scoring + top-k refuses it.
     int window = 0;
 };
 

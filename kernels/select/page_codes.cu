@@ -141,7 +141,7 @@ template <int D, int GT, bool INT4>
 __global__ void __launch_bounds__(kThreads, (CodeCfg<D, GT, INT4>::MIN_BLOCKS)) code_scores_kernel(
     float* __restrict__ scores, const __half* __restrict__ q, uint8_t* codes, float* code_scales,
     const __half* __restrict__ kmin, const __half* __restrict__ kmax, const int* __restrict__ d_pos, int num_heads,
-    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum) {
+    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum, int window) {
     using Cfg = CodeCfg<D, GT, INT4>;
     constexpr int C = Cfg::C, NP = Cfg::NP, U = Cfg::U;
     __shared__ __align__(16) float s_q[kWarps][GT * D];       // the head batch's q, fp32
@@ -165,8 +165,11 @@ __global__ void __launch_bounds__(kThreads, (CodeCfg<D, GT, INT4>::MIN_BLOCKS)) 
             quantize_page_warp<INT4>(codes, code_scales, kmin, kmax, D, max_pages, padded, h, P - 1, lane);
     }
 
-    if (P > page_budget) {  // a selecting step: score the complete pages 0 .. P-2
-        const int n = P - 1;
+    // A sliding window: the candidates are the complete pages from f (holding the window's first token) on, page
+    // f + p scored into entry p of the rows (kernels/select/quest.cuh).
+    const int f = window_start_of(len, window) >> page_size_log2;
+    if (P - f > page_budget) {  // a selecting step: score the complete pages f .. P-2
+        const int n = P - f - 1;
         const int G = num_heads / num_kv_heads;
         const int tph = (n + codes::kCodeTile - 1) / codes::kCodeTile;  // tiles per KV head
         const int items = tph * num_kv_heads;
@@ -178,9 +181,10 @@ __global__ void __launch_bounds__(kThreads, (CodeCfg<D, GT, INT4>::MIN_BLOCKS)) 
             const int kvh = it / tph, tile = it % tph;
             const int p = tile * codes::kCodeTile + lane;
             const bool valid = p < n;
-            const uint8_t* base = codes + codes::code_piece_offset(kvh, tile * codes::kCodeTile, 0, NP, padded) +
-                                  lane * codes::kCodePieceBytes;
-            const float scale = valid ? code_scales[static_cast<size_t>(kvh) * padded + p] : 0.0f;
+            // Page f + p's pieces: with f = 0 a warp reads its tile's 512 contiguous bytes per piece; with a
+            // window the lanes may straddle two tiles.
+            const uint8_t* base = codes + codes::code_piece_offset(kvh, f + (valid ? p : 0), 0, NP, padded);
+            const float scale = valid ? code_scales[static_cast<size_t>(kvh) * padded + f + p] : 0.0f;
             float agg = 0.0f;
 #pragma unroll 1
             for (int gb = 0; gb < G; gb += GT) {
@@ -289,7 +293,8 @@ void launch_code_scores(float* scores, const __half* q, const KvLayerView& kv, c
     const int grid = static_cast<int>(std::max<long long>(1, std::min(need, resident)));
     launch_pdl(kernel, dim3(grid), dim3(kThreads), 0, stream, scores, q, c.codes, c.scales, kv.kmin, kv.kmax, d_pos,
                num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size), page_budget,
-               static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum));
+               static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum),
+               kv.window);
 }
 
 // Every head_dim and query-head tile (with_head_dim / with_group_tile, kernels/common/cuda_common.cuh); int4 codes need

@@ -52,7 +52,9 @@ void page_codes_quantize(const PageCodesView& c, const KvLayerView& kv, int firs
 // (bit-identical; KvSum adds the heads' scores in head order like quest_select_ref).
 // Also, in the same launch, the decode step's quantization: when the current token completes its page
 // (len % S == 0), writes that page's codes and scale (page P - 1: never scored at this step; the next step scores
-// it). Graph-safe: the launch depends on shapes and kv.max_pages only; nothing is allocated or synchronised.
+// it). With a sliding window (kv.window) the candidates are the window's complete pages, page f + p scored into
+// entry p (kernels/select/quest.cuh). Graph-safe: the launch depends on shapes and kv.max_pages only; nothing is
+// allocated or synchronised.
 // Reads each KV head's codes once per 8 query heads of its group, 16-byte loads, a warp reading 512 contiguous bytes.
 void quest_code_scores(float* scores, const __half* q, const KvLayerView& kv, const PageCodesView& codes,
                        const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream);

@@ -54,21 +54,24 @@ __global__ void __launch_bounds__(kLseThreads, 1) page_lse_kernel(float* __restr
                                                                const __half* __restrict__ k,
                                                                const int* __restrict__ d_pos, int num_heads,
                                                                int num_kv_heads, int capacity, int max_pages,
-                                                               int page_size_log2, int page_budget, float scale) {
+                                                               int page_size_log2, int page_budget, float scale,
+                                                               int window) {
     constexpr int LPT = D / 8;     // lanes per key row (one 16-byte piece = 8 channels each)
     constexpr int TPW = 32 / LPT;  // key rows per warp load
     pdl_wait();  // q and the current token's key come from the kernels before this one; lse is read by the last step
     const int len = *d_pos + 1;
     const int S = 1 << page_size_log2;
     const int P = (len + S - 1) >> page_size_log2;
-    if (len < 1 || P > max_pages || P <= page_budget) return;  // outside the cache, or a dense step: nothing to do
+    // A sliding window: pages f .. P-1, page f + p's lse in entry p (kernels/select/quest.cuh).
+    const int f = window_start_of(len, window) >> page_size_log2;
+    if (len < 1 || P > max_pages || P - f <= page_budget) return;  // outside the cache, or a dense step
     const int kvh = blockIdx.y;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int row_in_load = lane / LPT, piece = lane % LPT;
     const int G = num_heads / num_kv_heads;
     const __half* kh = k + static_cast<size_t>(kvh) * capacity * D + piece * 8;
     const int chunk0 = static_cast<int>(blockIdx.x) * kLsePagesPerBlock;
-    if (chunk0 >= P) return;
+    if (chunk0 >= P - f) return;
     for (int gb = 0; gb < G; gb += GT) {
         const int ng = min(GT, G - gb);
         float qs[GT][8];  // this lane's 8 channels of q for the batch's heads (0 beyond the group)
@@ -86,8 +89,8 @@ __global__ void __launch_bounds__(kLseThreads, 1) page_lse_kernel(float* __restr
 #pragma unroll 1
         for (int j = 0; j < kLsePagesPerWarp; ++j) {
             const int p = chunk0 + j * kLseWarps + warp;
-            if (p >= P) break;  // warp-uniform
-            const int t0 = p << page_size_log2, t1 = min(len, t0 + S);
+            if (p >= P - f) break;  // warp-uniform
+            const int t0 = (f + p) << page_size_log2, t1 = min(len, t0 + S);
             float m[GT], s[GT];
 #pragma unroll
             for (int g = 0; g < GT; ++g) {
@@ -173,12 +176,15 @@ __global__ void __launch_bounds__(kRowThreads) oracle_rows_kernel(float* __restr
                                                                   const float* __restrict__ lse,
                                                                   const int* __restrict__ d_pos, int num_heads,
                                                                   int num_kv_heads, int max_pages, int page_size_log2,
-                                                                  int page_budget, int per_head, int kv_sum) {
+                                                                  int page_budget, int per_head, int kv_sum,
+                                                                  int window) {
     __shared__ float s_red[kRowWarps];
     pdl_wait();  // lse comes from page_lse_kernel; scores are read by the previous layer's top-k
     const int len = *d_pos + 1;
-    const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
-    if (len < 1 || P > max_pages || P <= page_budget) return;  // block-uniform
+    const int P_all = (len + (1 << page_size_log2) - 1) >> page_size_log2;
+    // A sliding window: the entries are pages f, f + 1, ... (page_lse_kernel); P counts the window's pages.
+    const int P = P_all - (window_start_of(len, window) >> page_size_log2);
+    if (len < 1 || P_all > max_pages || P <= page_budget) return;  // block-uniform
     const int G = num_heads / num_kv_heads;
     const int r = blockIdx.x;
     const int h0 = per_head ? r : r * G, nh = per_head ? 1 : G;
@@ -208,7 +214,7 @@ void launch_lse(float* lse, const __half* q, const KvLayerView& kv, const int* d
                 float scale, cudaStream_t stream) {
     const dim3 grid(ceil_div(kv.max_pages, kLsePagesPerBlock), kv.num_kv_heads);
     launch_pdl(page_lse_kernel<D, GT>, grid, dim3(kLseThreads), 0, stream, lse, q, kv.k, d_pos, num_heads,
-               kv.num_kv_heads, kv.capacity, kv.max_pages, log2_exact(kv.page_size), page_budget, scale);
+               kv.num_kv_heads, kv.capacity, kv.max_pages, log2_exact(kv.page_size), page_budget, scale, kv.window);
 }
 
 template <int D>
@@ -247,16 +253,18 @@ void oracle_page_lse(float* lse, const __half* q, const KvLayerView& kv, const i
 
 void oracle_row_scores(float* scores, float* mass, const float* lse, const int* d_pos, int num_heads,
                        int num_kv_heads, int max_pages, int page_size, int page_budget, GqaPolicy policy,
-                       cudaStream_t stream) {
+                       cudaStream_t stream, int window) {
     QUEST_REQUIRE(scores && lse && d_pos, "null pointer");
     QUEST_REQUIRE(num_kv_heads >= 1 && num_heads >= 1 && num_heads % num_kv_heads == 0,
                   "num_heads must be a positive multiple of num_kv_heads");
     QUEST_REQUIRE(oracle_page_size(page_size), "page_size must be a power of two in [1, 256]");
     QUEST_REQUIRE(max_pages >= 1 && page_budget >= 1, "max_pages and page_budget must be >= 1");
+    QUEST_REQUIRE(window >= 0, "window must be >= 0");
     const int rows = quest_selection_rows(num_heads, num_kv_heads, policy);
     launch_pdl(oracle_rows_kernel, dim3(rows), dim3(kRowThreads), 0, stream, scores, mass, lse, d_pos, num_heads,
                num_kv_heads, max_pages, log2_exact(page_size), page_budget,
-               static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum));
+               static_cast<int>(policy == GqaPolicy::PerHead), static_cast<int>(policy == GqaPolicy::KvSum),
+               window);
 }
 
 void oracle_select(int* selected, float* scores, float* lse, const __half* q, const KvLayerView& kv, const int* d_pos,
@@ -264,9 +272,9 @@ void oracle_select(int* selected, float* scores, float* lse, const __half* q, co
     QUEST_REQUIRE(selected && scores, "null pointer");
     oracle_page_lse(lse, q, kv, d_pos, num_heads, page_budget, scale, stream);
     oracle_row_scores(scores, nullptr, lse, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, kv.page_size,
-                      page_budget, policy, stream);
+                      page_budget, policy, stream, kv.window);
     quest_top_k(selected, scores, kv.max_pages, d_pos, quest_selection_rows(num_heads, kv.num_kv_heads, policy),
-                kv.page_size, page_budget, stream);
+                kv.page_size, page_budget, stream, {}, 0, kv.window);
 }
 
 }  // namespace quest

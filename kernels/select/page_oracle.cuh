@@ -16,6 +16,9 @@
 //   3. quest_top_k (kernels/select/quest.cuh) on those scores: the top-(K-1) complete pages (ties -> lower page id) and the
 //      last page, ascending; a dense step (P <= K) selects every page. The rows feed attention_decode_sparse.
 // oracle_select runs 1-3.
+// A sliding window (kv.window; kernels/select/quest.cuh): the steps run on the pages from f = window_start / S on,
+// renumbered from 0 (page f + p in entry p of lse, mass and scores; P counted from f), as oracle_policy_ref does
+// through select_blocks_ref: page f's mass counts its tokens before window_start too.
 //
 // Graph capture: as every Quest launcher, the length is read on the device (len = *d_pos + 1, the current token
 // already appended), the launch configuration depends on shapes and capacity only (kv.max_pages), nothing
@@ -51,7 +54,7 @@ void oracle_page_lse(float* lse, const __half* q, const KvLayerView& kv, const i
 // max_pages) for every head and every page p < P, the head's own page mass (they sum to 1 over p up to rounding).
 void oracle_row_scores(float* scores, float* mass, const float* lse, const int* d_pos, int num_heads,
                        int num_kv_heads, int max_pages, int page_size, int page_budget, GqaPolicy policy,
-                       cudaStream_t stream);
+                       cudaStream_t stream, int window = 0);
 
 // Steps 1-3: selected[r][0 .. min(P, K)) (row stride page_budget) as quest_top_k writes them, from the oracle's
 // scores. scores: [rows][kv.max_pages] (QuestWorkspace::scores), lse: oracle_workspace_floats(num_heads,

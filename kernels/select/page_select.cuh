@@ -12,7 +12,9 @@ namespace quest {
 // selected[r] = {0, P-K+1, ..., P-1} (the first page, the K-2 most recent complete pages, the last page) and for K = 1,
 // {P-1}. Ascending, ending with P - 1: the contract of quest_top_k. Only the first min(P, K) entries of a row are
 // written. Graph-capturable: the launch depends on rows and K only. Programmatic launch: nothing read before the
-// wait except the arguments.
-void streaming_select(int* selected, const int* d_pos, int rows, int page_size, int page_budget, cudaStream_t stream);
+// wait except the arguments. window: the layer's sliding window (0: none): the rule above over the pages from
+// f = window_start_of(len, window) / S on (page f in the role of page 0), as select_blocks_ref renumbers them.
+void streaming_select(int* selected, const int* d_pos, int rows, int page_size, int page_budget, cudaStream_t stream,
+                      int window = 0);
 
 }  // namespace quest

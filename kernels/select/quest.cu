@@ -90,7 +90,8 @@ template <int D, int GT, bool FUSED>
 __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
     float* __restrict__ scores, int* __restrict__ selected, int* __restrict__ tickets, const __half* __restrict__ q,
     const __half* __restrict__ kmin, const __half* __restrict__ kmax, const int* __restrict__ d_pos, int num_heads,
-    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum, RopeArgs ra) {
+    int num_kv_heads, int max_pages, int page_size_log2, int page_budget, int per_head, int kv_sum, int window,
+    RopeArgs ra) {
     using C = ScoreCfg<D, GT>;
     constexpr int CH = C::CH, CPR = C::CPR, NCH = C::NCH;
     extern __shared__ __align__(16) unsigned char smem[];
@@ -130,7 +131,10 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         for (int idx = idx0; idx < tk.items(); idx += a_stride)
             rope_dev::item_store(tk, idx, rope_dev::item_load(tk, idx), ra.rope, dyn_base);
     };
-    if (P <= page_budget) {  // dense step: no scores; the fused kernel selects every page
+    // A sliding window: the candidates are the complete pages from the one holding the window's first token on
+    // (page f), scored into entries 0, 1, ... of the rows (the top-k adds f back); the fused kernel has no window.
+    const int f = window_start_of(len, window) >> page_size_log2;
+    if (P - f <= page_budget) {  // dense step: no scores; the fused kernel selects every page
         pdl_wait();
         if (rope_on) append_from(a_first);
         if constexpr (FUSED) {
@@ -144,7 +148,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         }
         return;
     }
-    const int n = P - 1;  // candidates: the complete pages
+    const int n = P - f - 1;  // candidates: the complete pages of the window
     const int G = num_heads / num_kv_heads;
     const int nb = (G + GT - 1) / GT;  // head batches per item
     const int items = (n + kScoreTile - 1) / kScoreTile * num_kv_heads;
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(kScoreThreads, 3) page_scores_kernel(
         const int ch = s % NCH;
         __half* dmin = s_ring + (s % STAGES) * 2 * C::STAGE_HALVES;
         __half* dmax = dmin + C::STAGE_HALVES;
-        const size_t meta0 = (static_cast<size_t>(kvh) * max_pages + p0) * D + ch * CH;
+        const size_t meta0 = (static_cast<size_t>(kvh) * max_pages + f + p0) * D + ch * CH;
 #pragma unroll
         for (int i = 0; i < kScoreTile * CPR / kScoreThreads; ++i) {
             const int l = tid + i * kScoreThreads;
@@ -381,7 +385,7 @@ void launch_scores(float* scores, int* selected, int* tickets, const __half* q, 
     launch_pdl(page_scores_kernel<D, GT, FUSED>, dim3(grid), dim3(kScoreThreads), smem, stream, scores, selected,
                tickets, q, kv.kmin, kv.kmax, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, log2_exact(kv.page_size),
                page_budget, static_cast<int>(policy == GqaPolicy::PerHead),
-               static_cast<int>(policy == GqaPolicy::KvSum), ra);
+               static_cast<int>(policy == GqaPolicy::KvSum), kv.window, ra);
 }
 
 // Every head_dim and query-head tile (with_head_dim / with_group_tile, kernels/common/cuda_common.cuh).
@@ -426,6 +430,7 @@ void quest_page_scores_top_k(int* selected, float* scores, int* tickets, const _
                              cudaStream_t stream) {
     require_kv(kv, num_heads, page_budget);
     QUEST_REQUIRE(selected && scores && tickets && q && kv.kmin && kv.kmax && d_pos, "null pointer");
+    QUEST_REQUIRE(kv.window == 0, "the fused scoring + top-k does not honour a sliding window (kv.window)");
     QUEST_REQUIRE(is_aligned(kv.kmin, 16) && is_aligned(kv.kmax, 16) && is_aligned(q, 4),
                   "metadata must be 16-byte aligned, q 4-byte aligned");
     launch_scores_any<true>(scores, selected, tickets, q, kv, d_pos, num_heads, page_budget, policy, RopeArgs{},
@@ -452,7 +457,7 @@ void quest_decode(__half* out, const __half* q, const KvLayerView& kv, const int
             quest_page_scores(ws.scores, q, kv, d_pos, num_heads, page_budget, policy, stream, opts.rope);
         const int stride = quest_select_capacity(kv.max_pages, kv.page_size, page_budget, opts.match);
         quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, opts.match,
-                    stride);
+                    stride, kv.window);
     }
     attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream,
                             opts.match);

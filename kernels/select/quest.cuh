@@ -14,6 +14,13 @@
 // len. No launcher synchronises, allocates or copies: capture a step once, replay it at any length by changing
 // *d_pos. Work beyond len is skipped on the device. Lengths beyond the cache (len > kv.capacity) write nothing.
 //
+// Sliding window (kv.window > 0, a layer of MistralForCausalLM / Qwen2ForCausalLM): every step runs as
+// select_blocks_ref does with window_start = window_start_of(len, kv.window): the pages from f = window_start / S on
+// are renumbered from 0 (P counted from page f, the candidate scores in entries 0 .. P - f - 2 of the rows, the
+// dense test P - f <= K, a matched budget's count from len - f * S tokens), the selected ids are pages again, and the
+// attention masks the tokens before window_start in page f. quest_top_k takes the window as an argument; the fused
+// scoring + top-k refuses one.
+//
 // Numerics: scores are fp32 sums over the channels in channel order of exact fp16 x fp16 products, i.e. the same
 // rounding as page_scores_ref (KvSum adds the group's heads in head order, as quest_select_ref does), so the GPU and
 // CPU rankings agree bit for bit. With int8 / int4 page codes (QuestDecodeOptions::codes, kernels/select/page_codes.cuh)
@@ -107,8 +114,10 @@ void quest_page_scores(float* scores, const __half* q, const KvLayerView& kv, co
 // With a matched budget (match.on()): a selecting step takes the top (n - 1) candidates, n = codes::step_pages (every
 // candidate when n - 1 >= P - 1), written as above with selected[r][n - 1] = P - 1; row stride select_stride (0:
 // page_budget); a count beyond select_stride writes nothing.
+// window: the layer's sliding window (0: none), as described at the top.
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
-                 int page_budget, cudaStream_t stream, const MatchedBudget& match = {}, int select_stride = 0);
+                 int page_budget, cudaStream_t stream, const MatchedBudget& match = {}, int select_stride = 0,
+                 int window = 0);
 
 // Steps 1 and 2 in one launch (QuestDecodeOptions::fused; measured slower than the separate launches, the default):
 // quest_page_scores, and in the same grid the selection of quest_top_k with score_stride = kv.max_pages, written to

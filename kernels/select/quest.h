@@ -22,6 +22,11 @@
 
 namespace quest {
 
+// A sliding window of `window` tokens (0: none) at sequence length len: the first token attended, len - window when
+// the window is shorter than the sequence, else 0 (QuestSelectArgs::window_start). Its page, window_start_of / S, is
+// the first page a step may select; the CUDA launches compute both from the device position.
+QUEST_HD inline int window_start_of(int len, int window) { return window > 0 && len > window ? len - window : 0; }
+
 
 // scores[p] = U(p, q) for p < num_pages. kmin/kmax: [num_pages][head_dim] (one KV head).
 void page_scores_ref(float* scores, const float* q, const float* kmin, const float* kmax, int num_pages,

@@ -25,7 +25,7 @@ bool quest_folds_rope(const CudaSelectArgs& a) { return !a.fused && !a.codes; }
 
 void streaming_layer(const CudaSelectArgs& a) {
     const int rows = quest_selection_rows(a.num_heads, a.kv.num_kv_heads, a.policy);
-    streaming_select(a.ws.selected, a.d_pos, rows, a.kv.page_size, a.page_budget, a.stream);
+    streaming_select(a.ws.selected, a.d_pos, rows, a.kv.page_size, a.page_budget, a.stream, a.kv.window);
     attention_decode_sparse(a.out, a.q, a.kv, a.d_pos, a.ws.selected, a.num_heads, a.page_budget, a.policy, a.scale,
                             a.ws, a.stream);
 }

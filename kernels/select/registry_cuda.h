@@ -32,7 +32,9 @@ struct CudaSelectArgs {
 };
 
 struct CudaSelectorOps {
-    // Selection and sparse attention of one layer (graph-capturable: no host synchronisation, no allocation).
+    // Selection and sparse attention of one layer (graph-capturable: no host synchronisation, no allocation). A
+    // sliding window (a.kv.window > 0) is honoured as select_blocks_ref honours it on the CPU: candidates from the
+    // page holding window_start_of(len, window) on (kernels/select/quest.cuh); attention_decode_sparse masks the rest.
     void (*decode_layer)(const CudaSelectArgs& a) = nullptr;
     // True when decode_layer runs the token's RoPE + KV append itself (given a.rope); else the backend launches
     // rope_append_kv first. Null: never.

@@ -54,7 +54,7 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     const __half* __restrict__ q, const __half* __restrict__ kc, const __half* __restrict__ vc,
     const int* __restrict__ selected, const int* __restrict__ d_pos, int num_heads, int num_kv_heads, int capacity,
     int max_pages, int page_size_log2, int page_budget, int select_stride, MatchedBudget match, int pages_per_split,
-    int max_splits, int per_head, float scale_log2) {
+    int max_splits, int per_head, float scale_log2, int window) {
     using C = AttnCfg<D, HB>;
     constexpr int LPT = C::LPT, TPW = C::TPW, TPB = C::TPB, U = C::U;
     __shared__ __align__(16) float s_o[kAttnWarps][HB][D];
@@ -104,8 +104,13 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
     }
     int len, P;
     if (!device_len(d_pos, page_size_log2, max_pages, len, P)) return;
+    // A sliding window: tokens before t0 are masked; the row was selected from page t0 / S on (quest.cuh).
+    const int t0 = window_start_of(len, window);
     // Pages of the row at this length: min(P, K), or the matched count (<= select_stride by the workspace's sizing).
-    const int n_sel = min(codes::step_pages(len, 1 << page_size_log2, page_budget, match), select_stride);
+    const int n_sel =
+        min(codes::step_pages(len - ((t0 >> page_size_log2) << page_size_log2), 1 << page_size_log2, page_budget,
+                              match),
+            select_stride);
     const int ns = (n_sel + pages_per_split - 1) / pages_per_split;  // valid splits
     if (j0 >= n_sel) return;  // this split has no pages at this length
     const int np = min(pages_per_split, n_sel - j0);
@@ -136,7 +141,7 @@ __global__ void __launch_bounds__(kAttnThreads, AttnCfg<D, HB>::MIN_BLOCKS) spar
             const int j = (r0 + u) * TPB + warp * TPW + grp;
             int token = -1;
             if (j < count) token = s_pages[j >> page_size_log2] * S + (j & (S - 1));
-            ok[u] = token >= 0 && token < len;
+            ok[u] = token >= t0 && token < len;
             if (ok[u]) {
                 kb[u] = ldg_stream(kbase + static_cast<size_t>(token) * D);
                 vb[u] = ldg_stream(vbase + static_cast<size_t>(token) * D);
@@ -342,7 +347,8 @@ void launch_attention(const AttnArgs& a) {
     launch_pdl(sparse_attention_kernel<D, HB>, grid, dim3(kAttnThreads), 0, a.stream, a.out, a.ws->partial_o,
                a.ws->partial_ml, a.ws->counters, a.q, kv.k, kv.v, a.selected, a.d_pos, a.num_heads, kv.num_kv_heads,
                kv.capacity, kv.max_pages, log2_exact(kv.page_size), a.page_budget, a.select_stride, a.match,
-               a.pages_per_split, a.max_splits, static_cast<int>(per_head), a.scale * 1.4426950408889634f);
+               a.pages_per_split, a.max_splits, static_cast<int>(per_head), a.scale * 1.4426950408889634f,
+               kv.window);
 }
 
 static_assert(kAttnMaxHeads == 8, "with_group_tile's largest tile");

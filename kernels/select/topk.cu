@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
                                                              const float* __restrict__ scores, int score_stride,
                                                              const int* __restrict__ d_pos, int page_size_log2,
                                                              int page_budget, int cache, int select_stride,
-                                                             MatchedBudget match) {
+                                                             MatchedBudget match, int window) {
     constexpr int PRE = KPT > 0 ? KPT : kTopkUnroll;
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
@@ -35,13 +35,14 @@ __global__ void __launch_bounds__(kTopkThreads) top_k_kernel(int* __restrict__ s
         pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
     }
     const int len = *d_pos + 1;
-    top_k_row<KPT>(out, in, pre, len, score_stride, page_size_log2, page_budget, cache, select_stride, match);
+    top_k_row<KPT>(out, in, pre, len, window_start_of(len, window) >> page_size_log2, score_stride, page_size_log2,
+                   page_budget, cache, select_stride, match);
 }
 
 }  // namespace
 
 void quest_top_k(int* selected, const float* scores, int score_stride, const int* d_pos, int rows, int page_size,
-                 int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride) {
+                 int page_budget, cudaStream_t stream, const MatchedBudget& match, int select_stride, int window) {
     QUEST_REQUIRE(selected && scores && d_pos, "null pointer");
     QUEST_REQUIRE(rows >= 1 && score_stride >= 1 && page_budget >= 1, "rows, score_stride, page_budget >= 1");
     if (select_stride == 0) select_stride = page_budget;
@@ -50,10 +51,11 @@ void quest_top_k(int* selected, const float* scores, int score_stride, const int
                   "matched budget: head_dim and rows >= 1, metadata no larger than fp16's");
     QUEST_REQUIRE(page_size >= 1 && page_size <= 256 && (page_size & (page_size - 1)) == 0,
                   "page_size must be a power of two in [1, 256]");
+    QUEST_REQUIRE(window >= 0, "window must be >= 0");
     auto go = [&](auto kernel, int smem, bool cache) {
         launch_pdl(kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, selected, scores,
                    score_stride, d_pos, log2_exact(page_size), page_budget, static_cast<int>(cache), select_stride,
-                   match);
+                   match, window);
     };
     if (score_stride <= kTopkThreads * 4) return go(top_k_kernel<4>, 0, false);
     if (score_stride <= kTopkThreads * 8) return go(top_k_kernel<8>, 0, false);

@@ -460,27 +460,30 @@ __device__ void topk_select_row_reg(int* __restrict__ out, const float (&score)[
 }
 
 // The selection of one row after the wait: `pre` holds the row's first round of scores (entries u * kTopkThreads +
-// tid), loaded together with the position.
+// tid), loaded together with the position. first: the page holding a sliding window's first token (0 without a
+// window): the row's entries i are pages first + i, and the step selects as if the sequence began at that page
+// (len - first * S tokens), as select_blocks_ref does.
 template <int KPT, int PRE>
 __device__ __forceinline__ void top_k_row(int* __restrict__ out, const float* __restrict__ in, const float (&pre)[PRE],
-                                          int len, int score_stride, int page_size_log2, int page_budget, int cache,
-                                          int select_stride, const MatchedBudget& match) {
+                                          int len, int first, int score_stride, int page_size_log2, int page_budget,
+                                          int cache, int select_stride, const MatchedBudget& match) {
     const int tid = threadIdx.x;
     if (len < 1) return;
+    len -= first << page_size_log2;
     const int P = (len + (1 << page_size_log2) - 1) >> page_size_log2;
     if (P <= page_budget) {  // dense step: every page
         if (P > select_stride) return;
-        for (int i = tid; i < P; i += kTopkThreads) out[i] = i;
+        for (int i = tid; i < P; i += kTopkThreads) out[i] = first + i;
         return;
     }
     const int n = P - 1;  // candidates
     // Pages to select among them: K - 1 (k < n), or with a matched budget the matched count (k <= n).
     const int k = codes::step_pages(len, 1 << page_size_log2, page_budget, match) - 1;
     if (n > score_stride || k + 1 > select_stride) return;  // outside the workspace's capacity: write nothing
-    if (tid == 0) out[k] = P - 1;
+    if (tid == 0) out[k] = first + P - 1;
     if (k == 0) return;
     if (k >= n) {  // every candidate
-        for (int i = tid; i < n; i += kTopkThreads) out[i] = i;
+        for (int i = tid; i < n; i += kTopkThreads) out[i] = first + i;
         return;
     }
     if constexpr (KPT > 0) {
@@ -494,6 +497,10 @@ __device__ __forceinline__ void top_k_row(int* __restrict__ out, const float* __
         __shared__ int s_sel[3];
         const TopkSmem sm{cache ? s_cache : nullptr, s_hist, s_warp, s_min, s_max, s_sel};
         topk_select_row<kTopkThreads>(out, in, n, k, sm, pre);
+    }
+    if (first > 0) {  // block-uniform: the selected entries back to page ids
+        __syncthreads();
+        for (int i = tid; i < k; i += kTopkThreads) out[i] += first;
     }
 }
 

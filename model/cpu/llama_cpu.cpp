@@ -175,7 +175,7 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
         const int window = c.attention_window(l);  // 0: full attention
         for (int t = 0; t < n; ++t) {
             const int len = pos_ + t + 1;  // the token attends to itself and everything before it
-            const int first = window > 0 ? std::max(0, len - window) : 0;  // ... within its layer's window
+            const int first = window_start_of(len, window);  // ... within its layer's window
             const float* qt = &q[size_t(t) * c.q_dim()];
             if (select) {
                 const QuestSelectArgs a = quest_select_args(quest_, cache_, l, qt, NH, NKV, D, len, first, scale);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <stdexcept>
 
@@ -42,13 +43,12 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                          "': the CUDA backend runs " + runs + " (this one runs on --backend cpu)");
     }
     if (!quest_.full_attention) selector_ = cuda_selector_ops(quest_.selector);
-    if (!quest_.full_attention)  // the window reaches the dense attention kernels only (KvLayerView::window)
+    if (!quest_.full_attention && o.quest_fused)  // the selectors' separate launches honour KvLayerView::window
         for (int l = quest_.dense_layers; l < c.num_layers; ++l)
             if (const int w = c.attention_window(l); w > 0 && w < capacity)
-                throw InputError("layer " + std::to_string(l) + " has a sliding window of " + std::to_string(w) +
-                                 " tokens, shorter than the cache (" + std::to_string(capacity) +
-                                 "): the CUDA backend's page selection does not honour windows yet (use "
-                                 "--full-attention, -c " + std::to_string(w) + ", or --backend cpu)");
+                throw InputError("--quest-fused: layer " + std::to_string(l) + " has a sliding window of " +
+                                 std::to_string(w) + " tokens, shorter than the cache (" + std::to_string(capacity) +
+                                 "), and the fused scoring + top-k does not honour windows (drop --quest-fused)");
     if (!quest_.full_attention && quest_.mass_target > 0)
         throw InputError("mass_target: the adaptive budget runs on --backend cpu only (the CUDA backend reads a page "
                          "count fixed by the position)");
@@ -194,7 +194,9 @@ SelectionTrace CudaLlama::last_selection(int layer) const {
                                " is not a Quest layer of a selector that scores pages, with a fixed budget");
     const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
     const int K = quest_.page_budget(), S = quest_.page_size;
-    const int P = (pos_ + S - 1) / S;
+    // A sliding window: the step selected among the pages from f on, its scores in entries 0, 1, ... (quest.cuh).
+    const int f = window_start_of(pos_, c_.attention_window(layer)) / S;
+    const int P = (pos_ + S - 1) / S - f;
     const size_t sel = selection_log_.size() / c_.num_layers, sc = score_log_.size() / c_.num_layers;
     std::vector<int> pages(sel);
     std::vector<float> scores(sc);
@@ -209,7 +211,12 @@ SelectionTrace CudaLlama::last_selection(int layer) const {
         t.pages.emplace_back(row, row + count);
         std::sort(t.pages.back().begin(), t.pages.back().end());
         const float* srow = scores.data() + static_cast<size_t>(r) * max_pages_;
-        t.scores.emplace_back(P > K ? std::vector<float>(srow, srow + P - 1) : std::vector<float>{});
+        std::vector<float> s;
+        if (P > K) {  // indexed by page: the pages before the window were no candidates
+            s.assign(static_cast<size_t>(f), -std::numeric_limits<float>::infinity());
+            s.insert(s.end(), srow, srow + P - 1);
+        }
+        t.scores.push_back(std::move(s));
     }
     return t;
 }

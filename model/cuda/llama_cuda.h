@@ -49,7 +49,8 @@ struct CudaOptions {
 struct SelectionTrace {
     std::vector<std::vector<int>> pages;     // [query head] pages it attended, ascending (CpuLlama::last_selection)
     std::vector<std::vector<float>> scores;  // [query head] its selection row's scores of pages [0, P - 1) (the
-                                             // last page is always taken); empty at a dense step (P <= budget)
+                                             // last page is always taken; -inf before a sliding window's first
+                                             // page); empty at a dense step (the window's pages <= budget)
 };
 
 // Storage of the linear matrices of each decoder layer on the device: [layer][qkv, o, gate|up, down].

@@ -86,11 +86,13 @@ inline SelectionCompare compare_selections(std::vector<std::vector<int>> a, std:
         std::set_difference(b[h].begin(), b[h].end(), a[h].begin(), a[h].end(), std::back_inserter(only_b));
         const std::vector<float>& s = scores[h];
         double scale = 0, gap = 0;
-        for (float v : s) scale = std::max(scale, double(std::fabs(v)));
+        for (float v : s)
+            if (std::isfinite(v)) scale = std::max(scale, double(std::fabs(v)));
         bool in_range = !only_a.empty() && only_a.size() == only_b.size();
         for (int p : only_a)
             for (int q : only_b) {
-                if (p < 0 || q < 0 || p >= int(s.size()) || q >= int(s.size())) {
+                if (p < 0 || q < 0 || p >= int(s.size()) || q >= int(s.size()) || !std::isfinite(s[p]) ||
+                    !std::isfinite(s[q])) {  // out of range, or no candidate (before a window)
                     in_range = false;
                     continue;
                 }

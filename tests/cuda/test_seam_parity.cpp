@@ -8,12 +8,17 @@
 // (the int4 GEMV sums 8 fp16 products before its fp32 accumulation; fp16 GEMV well inside), 4e-3 for fp16 outputs and
 // the fused norms (one more fp16 rounding of the input: tests/cuda/test_gemv_fused.cpp).
 //
-// Selectors: the trained demo model, a 500-token prompt and 20 decode steps at B = 64 (4 of 32 pages): the CUDA
-// backend's logits against the CPU backend's on the same FP16-rounded weights within 2e-2, and (so the tolerance
-// means something) the CPU's full-attention logits more than 5x as far.
+// Selectors: the trained demo model, a 500-token prompt and 20 decode steps at B = 64 (4 of 32 pages; with a
+// 160-token sliding window, 4 of its 10): the CUDA backend's logits against the CPU backend's on the same
+// FP16-rounded weights within 5e-2 on all but 3 steps, and (so the tolerance means something) the CPU's
+// full-attention logits more than 5x as far.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -225,9 +230,8 @@ std::vector<SelectorCase> selector_cases() {
     return cases;
 }
 
-TEST(SelectorParity, EverySelectorFollowsCpu) {
-    QUEST_REQUIRE_GPU();
-    const ModelFolder m = open_model_folder(test::demo_model_dir());
+// The demo model's 500-token prompt and 20 decode steps through every selector case on both backends (above).
+void check_selectors_follow_cpu(const ModelFolder& m) {
     const auto w = test::fp16_rounded_weights(m);
     std::vector<int> prompt(500);
     for (int i = 0; i < 500; ++i) prompt[i] = 3 + (i * 53) % 500;
@@ -268,9 +272,33 @@ TEST(SelectorParity, EverySelectorFollowsCpu) {
         EXPECT_GE(agree, 17) << "top-1 agreement of 20";
         // The test can fail: the selection at B = 64 of 500 tokens moves the logits well beyond the tolerance.
         EXPECT_GT(sum_vs_full, 5 * sum_err) << "the selector's logits are as close to full attention as to the CPU's";
-        std::printf("[selector parity %s] mean logits rel_err %.3g (vs full attention %.3g), top-1 %d/20\n",
-                    k.what.c_str(), sum_err / 20, sum_vs_full / 20, agree);
+        std::printf("[selector parity %s%s] mean logits rel_err %.3g (vs full attention %.3g), top-1 %d/20\n",
+                    k.what.c_str(), m.config.sliding_window > 0 ? " window" : "", sum_err / 20, sum_vs_full / 20,
+                    agree);
     }
+}
+
+TEST(SelectorParity, EverySelectorFollowsCpu) {
+    QUEST_REQUIRE_GPU();
+    check_selectors_follow_cpu(open_model_folder(test::demo_model_dir()));
+}
+
+// The same model as a MistralForCausalLM with a 160-token sliding window (10 pages of the 32: B = 64 selects 4 of
+// them): every selector selects inside the window on both backends, and full attention is windowed too.
+TEST(SelectorParity, EverySelectorFollowsCpuInASlidingWindow) {
+    QUEST_REQUIRE_GPU();
+    const auto demo = test::demo_model_dir();
+    const auto dir = test::temp_dir("seam_window");
+    for (const char* f : {"model.safetensors", "tokenizer.model"})
+        std::filesystem::copy_file(demo / f, dir / f, std::filesystem::copy_options::overwrite_existing);
+    nlohmann::json cfg = nlohmann::json::parse(test::slurp(demo / "config.json"));
+    cfg["architectures"] = {"MistralForCausalLM"};
+    cfg["model_type"] = "mistral";
+    cfg["sliding_window"] = 160;
+    std::ofstream(dir / "config.json") << cfg.dump(2);
+    const ModelFolder m = open_model_folder(dir);
+    ASSERT_EQ(m.config.attention_window(0), 160);
+    check_selectors_follow_cpu(m);
 }
 
 }  // namespace

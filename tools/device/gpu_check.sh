@@ -45,7 +45,7 @@ for s in $stages; do
       ;;
     sanitizer)
       # memcheck on small models and kernels (slow under the tool: small cases only)
-      filter='SelectorSeamCuda.*:CudaMemoryPlan.*:CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches'
+      filter='SelectorSeamCuda.*:CudaMemoryPlan.*:CudaHfParity.*:CudaModel.Stories*:CudaOps.Rope*:CudaOps.Swiglu:CudaOps.Embedding:CudaOps.AttentionDecodeInsideAGraph*:QuestCuda.GraphReplay*:QuestCuda.TopKDense*:CudaAttentionPrefill.ChunkingIsBitExact:CudaAttentionPrefill.NoSlack:PageSelectCuda.*:QuestCuda.FusedDecodeMatchesSeparateLaunches:QuestCuda.DecodeInAWindowMatchesReference:CudaModel.SlidingWindowQuestFollowsCpu'
       timeout 150 compute-sanitizer --tool memcheck --error-exitcode 9 "$BIN/quest_cuda_tests" --gtest_filter="$filter" \
         > "$OUT/memcheck.log" 2>&1
       rc=$?
