@@ -3,6 +3,7 @@
 // tests: what remains between the two is the GPU's fp16 activations and summation order.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -27,6 +28,15 @@ inline std::shared_ptr<LlamaWeightsF32> fp16_rounded_weights(const ModelFolder& 
     auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(m.dir), m.config));
     round_matrices_to_fp16(*w);
     return w;
+}
+
+// An int32 tensor of a fixture's reference.safetensors (prompt_ids, decode_ids) as token ids.
+inline std::vector<int> reference_ids(const std::filesystem::path& file, const char* name) {
+    const auto ref = SafeTensorsFile::open(file);
+    const TensorInfo* t = ref->find(name);
+    std::vector<int> v(t->numel());
+    std::memcpy(v.data(), ref->data(*t), t->nbytes());
+    return v;
 }
 
 inline std::unique_ptr<Backend> cpu_fp16_weights(const ModelFolder& m, const QuestSettings& q, int capacity) {

@@ -51,14 +51,8 @@ TEST_P(CudaHfParity, CudaMatchesCpu) {
     QUEST_REQUIRE_GPU();
     const auto dir = test::source_dir() / "tests/fixtures/hf" / GetParam();
     const ModelFolder m = open_model_folder(dir);
-    const auto ref = SafeTensorsFile::open(dir / "reference.safetensors");
-    auto ids = [&](const char* name) {
-        const TensorInfo* t = ref->find(name);
-        std::vector<int> v(t->numel());
-        std::memcpy(v.data(), ref->data(*t), t->nbytes());
-        return v;
-    };
-    const auto prompt = ids("prompt_ids"), steps = ids("decode_ids");
+    const auto prompt = test::reference_ids(dir / "reference.safetensors", "prompt_ids");
+    const auto steps = test::reference_ids(dir / "reference.safetensors", "decode_ids");
     const int cap = int(prompt.size() + steps.size());
     const int V = m.config.vocab_size;
     auto cpu = test::cpu_fp16_weights(m, full(), cap);
@@ -157,14 +151,8 @@ TEST(CudaModel, SlidingWindowQuestFollowsCpu) {
         const auto dir = test::source_dir() / "tests/fixtures/hf" / name;
         const ModelFolder m = open_model_folder(dir);
         const ModelConfig& c = m.config;
-        const auto ref = SafeTensorsFile::open(dir / "reference.safetensors");
-        auto ids = [&](const char* what) {
-            const TensorInfo* t = ref->find(what);
-            std::vector<int> v(t->numel());
-            std::memcpy(v.data(), ref->data(*t), t->nbytes());
-            return v;
-        };
-        const auto prompt = ids("prompt_ids"), steps = ids("decode_ids");
+        const auto prompt = test::reference_ids(dir / "reference.safetensors", "prompt_ids");
+        const auto steps = test::reference_ids(dir / "reference.safetensors", "decode_ids");
         const int cap = int(prompt.size() + steps.size());
         QuestSettings q;
         q.page_size = 8;

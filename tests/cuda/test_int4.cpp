@@ -16,6 +16,7 @@
 #include <random>
 
 #include "../test_util.h"
+#include "cuda_model_util.h"
 #include "cuda_test_util.h"
 #include "model/core/backend.h"
 #include "model/cpu/llama_cpu.h"
@@ -50,14 +51,6 @@ QuestSettings full() {
     QuestSettings s;
     s.full_attention = true;
     return s;
-}
-
-std::vector<int> read_ids(const std::filesystem::path& file, const char* name) {
-    const auto ref = SafeTensorsFile::open(file);
-    const TensorInfo* t = ref->find(name);
-    std::vector<int> v(t->numel());
-    std::memcpy(v.data(), ref->data(*t), t->nbytes());
-    return v;
 }
 
 }  // namespace
@@ -398,8 +391,8 @@ TEST_P(CudaInt4Parity, CudaInt4MatchesCpuOnTheSameQuantizedWeights) {
     qo.group = 32;
     ASSERT_EQ(quantize_model(src, dir, qo).quantized, 14);
     const ModelFolder m = open_model_folder(dir);
-    const auto prompt = read_ids(src / "reference.safetensors", "prompt_ids");
-    const auto steps = read_ids(src / "reference.safetensors", "decode_ids");
+    const auto prompt = test::reference_ids(src / "reference.safetensors", "prompt_ids");
+    const auto steps = test::reference_ids(src / "reference.safetensors", "decode_ids");
     const int cap = int(prompt.size() + steps.size()), V = m.config.vocab_size;
     auto cpu = make_cpu_backend(m, full(), cap);
     CudaOptions opts;
@@ -441,8 +434,8 @@ TEST(CudaInt4Model, AwqFixtureMatchesTransformers) {
         std::memcpy(v.data(), ref->data(*t), t->nbytes());
         return v;
     };
-    const auto prompt = read_ids(dir / "reference.safetensors", "prompt_ids");
-    const auto steps = read_ids(dir / "reference.safetensors", "decode_ids");
+    const auto prompt = test::reference_ids(dir / "reference.safetensors", "prompt_ids");
+    const auto steps = test::reference_ids(dir / "reference.safetensors", "decode_ids");
     const auto pre = floats("prefill_logits"), dec = floats("decode_logits");
     const int V = m.config.vocab_size;
     auto gpu = CudaLlama::from_folder(m, full(), int(prompt.size() + steps.size()));
@@ -466,7 +459,7 @@ TEST(CudaInt4Model, QuantizeOnLoadEqualsTheQuantizedFolder) {
     QuantizeOptions qo;
     qo.group = 64;
     quantize_model(src, dir, qo);
-    const auto prompt = read_ids(src / "reference.safetensors", "prompt_ids");
+    const auto prompt = test::reference_ids(src / "reference.safetensors", "prompt_ids");
     auto run = [&](const std::filesystem::path& folder, WeightRequest weights, bool graph) {
         CudaOptions o;
         o.weights = weights;

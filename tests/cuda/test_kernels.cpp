@@ -252,47 +252,58 @@ TEST(CudaOps, RopeAppendAndMetadata) {
 }
 
 // Split-K decode attention against the fp32 reference on the same fp16 inputs; fp16 output.
+// One split-K decode launch (attention_decode) on random K, V and q, workspace and output poisoned, against
+// attention_full_ref over the window's tokens (window 0: all); `unwindowed` is the error against all tokens. The
+// merging blocks must leave their counters zero.
+namespace {
+struct SplitKCase { int D, NKV, G, len, window, split, cap; };
+struct SplitKErrors { double windowed, unwindowed; };
+SplitKErrors run_split_k(std::mt19937& g, const SplitKCase& cs, bool balanced) {
+    const int NH = cs.NKV * cs.G, D = cs.D;
+    DeviceKv kv(cs.NKV, D, cs.cap, 16);
+    kv.view.window = cs.window;
+    auto k = random_floats(g, kv.k.size()), v = random_floats(g, kv.v.size());
+    auto q = random_floats(g, size_t(NH) * D, 0.5f);
+    kv.k.upload(to_half(k));
+    kv.v.upload(to_half(v));
+    auto dq = upload(to_half(q));
+    DeviceBuffer<int> pos(1);
+    pos.upload(std::vector<int>{cs.len - 1});
+    // The smallest workspace (spans of split tokens) or the balancing one (decode_max_splits: whole waves).
+    const int splits = balanced ? decode_max_splits(cs.cap, cs.split) : ceil_div(cs.cap, cs.split);
+    DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
+    wsb.fill_bytes(0xFF);
+    DeviceBuffer<int> counters(cs.NKV);
+    counters.fill_bytes(0);
+    SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
+    DeviceBuffer<__half> out(size_t(NH) * D);
+    out.fill_bytes(0xFF);
+    const float scale = 1.0f / std::sqrt(float(D));
+    attention_decode(out.get(), dq.get(), kv.view, pos.get(), NH, scale, cs.split, ws, nullptr);
+    std::vector<float> want(size_t(NH) * D), unwindowed(want.size());
+    for (int h = 0; h < NH; ++h) {
+        const int kvh = h / cs.G;
+        const float *qh = &q[size_t(h) * D], *kh = &k[size_t(kvh) * cs.cap * D], *vh = &v[size_t(kvh) * cs.cap * D];
+        attention_full_ref(&want[size_t(h) * D], qh, kh, vh, D, cs.len, scale, window_start_of(cs.len, cs.window));
+        attention_full_ref(&unwindowed[size_t(h) * D], qh, kh, vh, D, cs.len, scale);
+    }
+    for (int c : counters.download()) EXPECT_EQ(c, 0) << "the merging block resets its counter";
+    const auto got = to_float(out.download());
+    return {rel_err(got, want), rel_err(got, unwindowed)};
+}
+}  // namespace
+
 TEST(CudaOps, AttentionDecodeSplitK) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(7);
-    struct Case { int D, NKV, G, len, split, cap; };
-    for (Case cs : {Case{128, 2, 1, 4096, 256, 4200}, Case{128, 1, 4, 1000, 256, 1024}, Case{64, 2, 8, 333, 64, 400},
-                    Case{8, 4, 2, 130, 32, 512}, Case{16, 1, 1, 1, 256, 16}, Case{32, 3, 2, 257, 256, 300},
-                    Case{256, 1, 2, 700, 128, 800}, Case{64, 3, 3, 1000, 128, 1024}, Case{128, 8, 1, 32768, 256, 32768},
-                    Case{128, 8, 1, 40000, 1024, 49152}}) {
-        // The smallest workspace (spans of split tokens) and the balancing one (decode_max_splits: whole waves).
-        for (const bool balanced : {false, true}) {
-            const int NH = cs.NKV * cs.G, D = cs.D;
-            DeviceKv kv(cs.NKV, D, cs.cap, 16);
-            auto k = random_floats(g, kv.k.size()), v = random_floats(g, kv.v.size());
-            auto q = random_floats(g, size_t(NH) * D, 0.5f);
-            kv.k.upload(to_half(k));
-            kv.v.upload(to_half(v));
-            auto dq = upload(to_half(q));
-            DeviceBuffer<int> pos(1);
-            std::vector<int> p = {cs.len - 1};
-            pos.upload(p);
-            const int splits = balanced ? decode_max_splits(cs.cap, cs.split) : ceil_div(cs.cap, cs.split);
-            DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
-            wsb.fill_bytes(0xFF);
-            DeviceBuffer<int> counters(cs.NKV);
-            counters.fill_bytes(0);
-            SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
-            DeviceBuffer<__half> out(size_t(NH) * D);
-            out.fill_bytes(0xFF);
-            const float scale = 1.0f / std::sqrt(float(D));
-            attention_decode(out.get(), dq.get(), kv.view, pos.get(), NH, scale, cs.split, ws, nullptr);
-            std::vector<float> want(size_t(NH) * D);
-            for (int h = 0; h < NH; ++h) {
-                const int kvh = h / cs.G;
-                attention_full_ref(&want[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
-                                   &v[size_t(kvh) * cs.cap * D], D, cs.len, scale);
-            }
-            EXPECT_LE(rel_err(to_float(out.download()), want), 2e-3)
-                << "D=" << D << " G=" << cs.G << " len=" << cs.len << " balanced=" << balanced;
-            for (int c : counters.download()) EXPECT_EQ(c, 0) << "the merging block resets its counter";
-        }
-    }
+    for (SplitKCase cs : {SplitKCase{128, 2, 1, 4096, 0, 256, 4200}, SplitKCase{128, 1, 4, 1000, 0, 256, 1024},
+                          SplitKCase{64, 2, 8, 333, 0, 64, 400}, SplitKCase{8, 4, 2, 130, 0, 32, 512},
+                          SplitKCase{16, 1, 1, 1, 0, 256, 16}, SplitKCase{32, 3, 2, 257, 0, 256, 300},
+                          SplitKCase{256, 1, 2, 700, 0, 128, 800}, SplitKCase{64, 3, 3, 1000, 0, 128, 1024},
+                          SplitKCase{128, 8, 1, 32768, 0, 256, 32768}, SplitKCase{128, 8, 1, 40000, 0, 1024, 49152}})
+        for (const bool balanced : {false, true})
+            EXPECT_LE(run_split_k(g, cs, balanced).windowed, 2e-3)
+                << "D=" << cs.D << " G=" << cs.G << " len=" << cs.len << " balanced=" << balanced;
 }
 
 // Qwen2's q/k/v bias add against add_inplace_ref per row, at odd sizes (one decode row, a prefill chunk).
@@ -312,45 +323,12 @@ TEST(CudaOps, AddBiasRows) {
 TEST(CudaOps, AttentionDecodeSlidingWindow) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(17);
-    struct Case { int D, NKV, G, len, window, split, cap; };
-    for (Case cs : {Case{128, 2, 1, 4096, 1000, 256, 4200}, Case{64, 2, 4, 333, 24, 64, 400},
-                    Case{32, 1, 3, 257, 1, 32, 300}, Case{64, 1, 2, 50, 64, 64, 64}, Case{128, 8, 1, 32768, 4096, 256, 32768},
-                    Case{16, 2, 8, 700, 699, 128, 800}}) {
-        const int NH = cs.NKV * cs.G, D = cs.D;
-        DeviceKv kv(cs.NKV, D, cs.cap, 16);
-        kv.view.window = cs.window;
-        auto k = random_floats(g, kv.k.size()), v = random_floats(g, kv.v.size());
-        auto q = random_floats(g, size_t(NH) * D, 0.5f);
-        kv.k.upload(to_half(k));
-        kv.v.upload(to_half(v));
-        auto dq = upload(to_half(q));
-        DeviceBuffer<int> pos(1);
-        std::vector<int> p = {cs.len - 1};
-        pos.upload(p);
-        const int splits = decode_max_splits(cs.cap, cs.split);
-        DeviceBuffer<float> wsb(split_workspace_floats(NH, D, splits));
-        wsb.fill_bytes(0xFF);
-        DeviceBuffer<int> counters(cs.NKV);
-        counters.fill_bytes(0);
-        SplitWorkspace ws{wsb.get(), wsb.get() + size_t(NH) * splits * D, counters.get(), splits};
-        DeviceBuffer<__half> out(size_t(NH) * D);
-        out.fill_bytes(0xFF);
-        const float scale = 1.0f / std::sqrt(float(D));
-        attention_decode(out.get(), dq.get(), kv.view, pos.get(), NH, scale, cs.split, ws, nullptr);
-        std::vector<float> want(size_t(NH) * D), unwindowed(want.size());
-        for (int h = 0; h < NH; ++h) {
-            const int kvh = h / cs.G;
-            attention_full_ref(&want[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
-                               &v[size_t(kvh) * cs.cap * D], D, cs.len, scale, std::max(0, cs.len - cs.window));
-            attention_full_ref(&unwindowed[size_t(h) * D], &q[size_t(h) * D], &k[size_t(kvh) * cs.cap * D],
-                               &v[size_t(kvh) * cs.cap * D], D, cs.len, scale);
-        }
-        const auto got = to_float(out.download());
-        EXPECT_LE(rel_err(got, want), 2e-3) << "D=" << D << " len=" << cs.len << " window=" << cs.window;
-        if (cs.window < cs.len) {
-            EXPECT_GT(rel_err(got, unwindowed), 1e-2) << "the window changes the output";
-        }
-        for (int c : counters.download()) EXPECT_EQ(c, 0);
+    for (SplitKCase cs : {SplitKCase{128, 2, 1, 4096, 1000, 256, 4200}, SplitKCase{64, 2, 4, 333, 24, 64, 400},
+                          SplitKCase{32, 1, 3, 257, 1, 32, 300}, SplitKCase{64, 1, 2, 50, 64, 64, 64},
+                          SplitKCase{128, 8, 1, 32768, 4096, 256, 32768}, SplitKCase{16, 2, 8, 700, 699, 128, 800}}) {
+        const SplitKErrors e = run_split_k(g, cs, true);
+        EXPECT_LE(e.windowed, 2e-3) << "D=" << cs.D << " len=" << cs.len << " window=" << cs.window;
+        if (cs.window < cs.len) EXPECT_GT(e.unwindowed, 1e-2) << "the window changes the output";
     }
 }
 
