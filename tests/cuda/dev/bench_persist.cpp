@@ -12,6 +12,11 @@
 // (fp16), each and the worst of the three, after one tail and after the 32-tail graph from the same start (and (a)
 // against a second run of itself); a worst above 1e-3, or a NaN (xg and act are poisoned with NaN before each run),
 // prints a FAIL line. One fp16 rounding flipped by the norm's last bits costs at most 2^-10 of max |xg| or |act|.
+//   (d) round 2: the kernel's variants (PersistArgs ahead / light_signal / late_regs), 1 tail per launch, each compared
+//       as (b); the fastest of them also at 32 tails per launch and after the stand-in;
+//   (e) the traced kernel (thread 0 of every block writes globaltimer and clock64 at the PersistEvents), 1 tail per
+//       launch, for round 1's form and the fastest variant: per op, the median / max over blocks x 32 tails of the
+//       phases (print_trace says which), and per tail the spread of the blocks.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -127,6 +132,119 @@ Err state_err(const State& ref, const State& got) {
     return e;
 }
 
+// "p50/max" in microseconds of v (ns); "-" when empty.
+std::string p50max(std::vector<double> v) {
+    if (v.empty()) return "-";
+    std::sort(v.begin(), v.end());
+    char b[48];
+    std::snprintf(b, sizeof b, "%.2f/%.2f", v[v.size() / 2] / 1e3, v.back() / 1e3);
+    return b;
+}
+
+// The phases of the traced kernel from trace[2][layers][kPersistEvents][G] (1 tail per launch: layer slot = launch).
+// Per op, over blocks x tails (clock64 of the block, in ns by the block's own clock64 / globaltimer ratio):
+//   wait    WAIT_OUT - WAIT_IN: at the counter of the op before (o: griddepcontrol.wait on the previous launch)
+//   input   INPUT - WAIT_OUT: the op's input into shared memory (gate+up: the norm's partial sums and x_to_i16 too)
+//   stream  DONE - INPUT: the block's tiles, until its slowest warp (round 1: every thread's fence included)
+//   w0tail  DONE - FIRST of the next op: from warp 0's end of the op (it issues the next op's loads and stamps) to
+//           the block's end of it (the other warps' lag; round 1's fence)
+//   signal  SIGNALED - DONE: thread 0's fence and increment
+//   lead    WAIT_OUT - FIRST: how long the op's first weight loads were on their way before the block could stream
+//   release WAIT_OUT - (the grid's last SIGNALED of the op before), globaltimer: the counter's propagation
+// Per tail (globaltimer, median / max over the 32 tails):
+//   skew    the grid's last DONE - first DONE of the op
+//   wall    the grid's last DONE of the op - last DONE of the op before (o: - the launch's first START)
+//   ideal   the op's bytes at 4200 GB/s
+// and a launch line: START skew, the gap from the previous launch's last END to this one's first START (negative:
+// overlap), the last END after the last DONE of down, and the period (last END - the previous launch's last END).
+void print_trace(const std::string& p, const std::vector<uint64_t>& tr, int G, int layers, const double op_bytes[3]) {
+    const size_t plane = static_cast<size_t>(layers) * kPersistEvents * G;
+    auto gt = [&](int l, int ev, int b) { return static_cast<double>(tr[(size_t(l) * kPersistEvents + ev) * G + b]); };
+    auto ck = [&](int l, int ev, int b) {
+        return static_cast<double>(tr[plane + (size_t(l) * kPersistEvents + ev) * G + b]);
+    };
+    // globaltimer's step: the smallest nonzero difference between any two of its stamps of one launch.
+    double step = 1e30;
+    std::vector<double> ghz;
+    for (int l = 0; l < layers; ++l) {
+        std::vector<double> all;
+        for (int ev = 0; ev < kPersistEvents; ++ev)
+            for (int b = 0; b < G; ++b) all.push_back(gt(l, ev, b));
+        std::sort(all.begin(), all.end());
+        for (size_t i = 1; i < all.size(); ++i)
+            if (all[i] > all[i - 1]) step = std::min(step, all[i] - all[i - 1]);
+        for (int b = 0; b < G; ++b) {
+            const double dg = gt(l, kEvEnd, b) - gt(l, kEvStart, b);
+            if (dg > 0) ghz.push_back((ck(l, kEvEnd, b) - ck(l, kEvStart, b)) / dg);
+        }
+    }
+    std::sort(ghz.begin(), ghz.end());
+    if (ghz.empty()) {
+        std::printf("FAIL %strace: no block has END after START (no trace written?)\n", p.c_str());
+        return;
+    }
+    const double clk_ghz = ghz[ghz.size() / 2];
+    std::printf("%strace: %d launches x %d blocks; SM clock %.3f GHz (median of clock64 / globaltimer, blocks %.3f .. "
+                "%.3f); globaltimer step %.0f ns\n",
+                p.c_str(), layers, G, clk_ghz, ghz.front(), ghz.back(), step);
+    std::printf("%s  %-8s %-11s %-11s %-11s %-11s %-11s %-11s %-11s | %-11s %-11s %6s  (us, p50/max)\n", p.c_str(),
+                "op", "wait", "input", "stream", "w0tail", "signal", "lead", "release", "skew", "wall", "ideal");
+    static const char* const names[3] = {"o", "gate_up", "down"};
+    auto ev = [](int k, int e) { return 6 * k + e; };
+    for (int k = 0; k < 3; ++k) {
+        std::vector<double> wait, input, stream, w0tail, signal, lead, release, skew, wall;
+        for (int l = 0; l < layers; ++l) {
+            double last_sig_before = -1;
+            if (k > 0)
+                for (int b = 0; b < G; ++b)
+                    last_sig_before = std::max(last_sig_before, gt(l, ev(k - 1, kEvSignaled), b));
+            double dmin = 1e300, dmax = -1, prev_last = -1, start_min = 1e300;
+            for (int b = 0; b < G; ++b) {
+                const double r = clk_ghz;  // cycles per ns
+                wait.push_back((ck(l, ev(k, kEvWaitOut), b) - ck(l, ev(k, kEvWaitIn), b)) / r);
+                input.push_back((ck(l, ev(k, kEvInput), b) - ck(l, ev(k, kEvWaitOut), b)) / r);
+                stream.push_back((ck(l, ev(k, kEvDone), b) - ck(l, ev(k, kEvInput), b)) / r);
+                if (k < 2) w0tail.push_back((ck(l, ev(k, kEvDone), b) - ck(l, ev(k + 1, kEvFirst), b)) / r);
+                signal.push_back((ck(l, ev(k, kEvSignaled), b) - ck(l, ev(k, kEvDone), b)) / r);
+                lead.push_back((ck(l, ev(k, kEvWaitOut), b) - ck(l, ev(k, kEvFirst), b)) / r);
+                if (k > 0) release.push_back(gt(l, ev(k, kEvWaitOut), b) - last_sig_before);
+                dmin = std::min(dmin, gt(l, ev(k, kEvDone), b));
+                dmax = std::max(dmax, gt(l, ev(k, kEvDone), b));
+                if (k > 0) prev_last = std::max(prev_last, gt(l, ev(k - 1, kEvDone), b));
+                start_min = std::min(start_min, gt(l, kEvStart, b));
+            }
+            skew.push_back(dmax - dmin);
+            wall.push_back(dmax - (k > 0 ? prev_last : start_min));
+        }
+        std::printf("%s  %-8s %-11s %-11s %-11s %-11s %-11s %-11s %-11s | %-11s %-11s %6.2f\n", p.c_str(), names[k],
+                    p50max(wait).c_str(), p50max(input).c_str(), p50max(stream).c_str(), p50max(w0tail).c_str(),
+                    p50max(signal).c_str(), p50max(lead).c_str(), p50max(release).c_str(), p50max(skew).c_str(),
+                    p50max(wall).c_str(), op_bytes[k] / 4200e9 * 1e6);
+    }
+    std::vector<double> sskew, gap, exit_after, period;
+    for (int l = 0; l < layers; ++l) {
+        double smin = 1e300, smax = -1, emax = -1, dmax = -1, pend = -1;
+        for (int b = 0; b < G; ++b) {
+            smin = std::min(smin, gt(l, kEvStart, b));
+            smax = std::max(smax, gt(l, kEvStart, b));
+            emax = std::max(emax, gt(l, kEvEnd, b));
+            dmax = std::max(dmax, gt(l, ev(2, kEvDone), b));
+            if (l > 0) pend = std::max(pend, gt(l - 1, kEvEnd, b));
+        }
+        sskew.push_back(smax - smin);
+        exit_after.push_back(emax - dmax);
+        if (l > 0) {
+            gap.push_back(smin - pend);  // may be negative
+            period.push_back(emax - pend);
+        }
+    }
+    // p50max sorts, so a negative gap keeps its sign.
+    std::printf("%s  launch: START skew %s, previous launch's last END -> first START %s, last DONE of down -> last "
+                "END %s, period %s (us, p50/max)\n",
+                p.c_str(), p50max(sskew).c_str(), p50max(gap).c_str(), p50max(exit_after).c_str(),
+                p50max(period).c_str());
+}
+
 bool bench_format(bool int4, std::vector<std::string>& json) {
     const char* fmt = int4 ? "int4" : "fp16";
     struct Stream {
@@ -145,6 +263,11 @@ bool bench_format(bool int4, std::vector<std::string>& json) {
     for (const Dims& d : kDims)
         weight_bytes += int4 ? d.rows * (d.cols / 2.0 + d.cols / kGroup * 3.0) : d.rows * (d.cols * 2.0);
     const double bytes = weight_bytes + 2.0 * (kH + kH + kF);  // + the inputs att, xg, act
+    double op_bytes[3];
+    for (int m = 0; m < 3; ++m) {
+        const Dims d = kDims[m];
+        op_bytes[m] = (int4 ? d.rows * (d.cols / 2.0 + d.cols / kGroup * 3.0) : d.rows * (d.cols * 2.0)) + 2.0 * d.cols;
+    }
     for (int l = 0; l < kLayers; ++l)
         for (int m = 0; m < 3; ++m) {
             const Dims d = kDims[m];
@@ -228,6 +351,9 @@ bool bench_format(bool int4, std::vector<std::string>& json) {
     pa.eps = kEps;
     auto tail_b = [&](int first, int count, cudaStream_t s) {
         persist_layer_tails(int4, layers.get(), first, count, pa, s);
+    };
+    auto tail_v = [&](const PersistArgs& v, int first, int count, cudaStream_t s) {
+        persist_layer_tails(int4, layers.get(), first, count, v, s);
     };
     DeviceBuffer<uint32_t> sink(kStandinBlocks);
     auto standin = [&](cudaStream_t s) { persist_standin(sink.get(), kStandinBlocks, kStandinThreads, kStandinNs, s); };
@@ -368,6 +494,106 @@ bool bench_format(bool int4, std::vector<std::string>& json) {
     std::printf("%-66s %8.2f us/layer\n", (p + "(c) stand-in + (b) 1 tail per launch, total").c_str(), tbs);
     line(p + "(c) (a) after the stand-in: total - stand-in", tas - ts, fmt_err(eas));
     line(p + "(c) (b) 1 tail/launch after the stand-in: total - stand-in", tbs - ts, fmt_err(ebs));
+
+    // (d) round 2's variants, 1 tail per launch.
+    struct Variant {
+        const char* name;
+        int ahead;
+        bool light, late;
+    };
+    const Variant variants[] = {
+        {"round 1 (no run-ahead, every-thread fence, regs early)", 0, false, false},
+        {"light fence", 0, true, false},
+        {"light fence + regs late", 0, true, true},
+        {"L2 ahead 2 + light + late", 2, true, true},
+        {"L2 ahead 4 + light + late", 4, true, true},
+        {"L2 ahead 8 + light + late", 8, true, true},
+        {"L2 ahead 16 + light + late", 16, true, true},
+        {"L2 ahead 4 + every-thread fence, regs early", 4, false, false},
+    };
+    auto args_of = [&](const Variant& v) {
+        PersistArgs r = pa;
+        r.ahead = v.ahead;
+        r.light_signal = v.light;
+        r.late_regs = v.late;
+        return r;
+    };
+    int best = -1;
+    double best_us = 1e30, round1_us = 0;
+    for (int i = 0; i < static_cast<int>(sizeof variants / sizeof variants[0]); ++i) {
+        const PersistArgs v = args_of(variants[i]);
+        Graph gv([&](cudaStream_t s) { for (int l = 0; l < kLayers; ++l) tail_v(v, l, 1, s); }, st);
+        const std::string what = std::string("(d) ") + variants[i].name;
+        if (!check_error(what + " set-up")) return false;
+        reset();
+        gv.launch();
+        if (!check_error(what)) return false;
+        const Err ev = state_err(ref, snapshot());
+        judge(what + ", 32 tails", ev);
+        const double us = gv.median_ms() * 1e3 / kLayers;
+        if (!check_error(what + " timing")) return false;
+        line(p + what, us, fmt_err(ev));
+        if (i == 0) round1_us = us;
+        else if (ev.worst <= kTol && us < best_us) best = i, best_us = us;
+    }
+    if (best < 0) {
+        std::printf("FAIL persist %s (d): no variant passed its comparison\n", fmt);
+        return false;
+    }
+    std::printf("%-66s %s: %.2f us/tail (round 1's form here: %.2f)\n", (p + "(d) fastest variant").c_str(),
+                variants[best].name, best_us, round1_us);
+    {
+        const PersistArgs v = args_of(variants[best]);
+        Graph g32([&](cudaStream_t s) { tail_v(v, 0, kLayers, s); }, st);
+        Graph gvs(
+            [&](cudaStream_t s) {
+                for (int l = 0; l < kLayers; ++l) {
+                    standin(s);
+                    tail_v(v, l, 1, s);
+                }
+            },
+            st);
+        if (!check_error("(d) fastest set-up")) return false;
+        reset();
+        g32.launch();
+        if (!check_error("(d) fastest, 32 tails per launch")) return false;
+        const Err e32 = state_err(ref, snapshot());
+        judge("(d) fastest, 32 tails per launch", e32);
+        reset();
+        gvs.launch();
+        if (!check_error("(d) fastest after the stand-in")) return false;
+        const Err evs = state_err(ref, snapshot());
+        judge("(d) fastest after the stand-in", evs);
+        const double t32 = g32.median_ms() * 1e3 / kLayers;
+        const double tvs = gvs.median_ms() * 1e3 / kLayers;
+        if (!check_error("(d) fastest timing")) return false;
+        line(p + "(d) fastest, 32 tails per launch", t32, fmt_err(e32));
+        line(p + "(d) fastest, 1 tail/launch after the stand-in: total - stand-in", tvs - ts, fmt_err(evs));
+    }
+
+    // (e) traces: round 1's form and the fastest variant.
+    DeviceBuffer<uint64_t> trace(size_t(2) * kLayers * kPersistEvents * G);
+    for (int i : {0, best}) {
+        PersistArgs v = args_of(variants[i]);
+        v.trace = trace.get();
+        v.trace_layers = kLayers;
+        Graph gt([&](cudaStream_t s) { for (int l = 0; l < kLayers; ++l) tail_v(v, l, 1, s); }, st);
+        const std::string what = std::string("(e) traced ") + variants[i].name;
+        if (!check_error(what + " set-up")) return false;
+        reset();
+        gt.launch();
+        if (!check_error(what)) return false;
+        const Err et = state_err(ref, snapshot());
+        judge(what + ", 32 tails", et);
+        const double us = gt.median_ms() * 1e3 / kLayers;  // the trace is that of the last replay
+        if (!check_error(what + " timing")) return false;
+        line(p + what, us, fmt_err(et));
+        trace.fill_bytes(0);
+        CUDA_CHECK(cudaDeviceSynchronize());  // the memset (legacy stream) before the launch on the non-blocking stream
+        gt.launch();
+        if (!check_error(what + " traced run")) return false;
+        print_trace(p + "(e) [" + variants[i].name + "] ", trace.download(), G, kLayers, op_bytes);
+    }
     return ok;
 }
 

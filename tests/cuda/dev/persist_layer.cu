@@ -26,6 +26,11 @@
 //   - Input of each op: copied by every block into shared memory after the wait, with L2 loads (__ldcg: the data was
 //     written by other SMs during this launch), in the layouts of the product's kernels (int4: the transposed fp16
 //     pieces, or x_to_i16's block floating point for the integer dot; FP16: plain).
+//   - Variants (PersistArgs): `ahead` > 0 adds an L2 run-ahead to every warp's stream (cp.async.bulk.prefetch of
+//     the item `ahead` + 1 past the one being consumed, and at each op boundary items 0 .. ahead of the next op
+//     before the wait), so that the stream after a wait finds its first items in L2 and DRAM stays busy while the
+//     blocks wait; light_signal fences only in thread 0; late_regs loads the next op's first item into registers
+//     after the increment. TRACE: thread 0 of each block writes globaltimer and clock64 at the PersistEvents.
 //   - Replays: the last block to leave the launch (an exit counter) zeroes the counters; the next launch touches them
 //     only after its griddepcontrol.wait, i.e. after this grid has completed. So a graph replays it as is.
 // Arithmetic per row: the product's chunk_dot / chunk_dot_i16 (kernels/linear/gemv_int4_device.cuh) on the same chunk
@@ -34,6 +39,7 @@
 // its chunks summed in another order than gemv.cu's column segments (fp32 rounding).
 #include "tests/cuda/dev/persist_layer.h"
 
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/common/cuda_common.cuh"
@@ -64,6 +70,15 @@ __device__ __forceinline__ int load_acquire(const int* p) {
     int v;
     asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// L2 prefetch of `bytes` (a multiple of 16) from the 16-byte aligned p: asynchronous (the async proxy), no registers,
+// no completion to wait for; a fence does not wait for it.
+__device__ __forceinline__ void prefetch_l2_bulk(const void* p, uint32_t bytes) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void prefetch_l2_line(const void* p) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
 // FP16 dot of 8 columns in fp32: kernels/linear/gemv.cu's dot8.
@@ -144,6 +159,41 @@ __device__ __forceinline__ int batches_of(const Op& op) {
     return (((op.chunks + 31) >> 5) + U - 1) / U;
 }
 
+// L2 prefetch of item (tile, b) of op: lane r < R takes row r, the 16-byte slots that hold the item's chunks (int4:
+// the whole layout batch of 32 << sshift chunks that contains them, int4_chunk_slot permutes within it; an item
+// that does not start such a batch was prefetched with the one that does) and their scales and zero points.
+template <bool INT4, int R, int U>
+__device__ __forceinline__ void prefetch_item(const Op& op, int cpg, int tile, int b, int lane) {
+    const int row = tile * R + lane;
+    if (lane >= R || row >= op.rows) return;
+    int c0 = b * U * 32, c1 = min(op.chunks, c0 + U * 32);
+    if constexpr (INT4) {
+        const int span = 32 << (cpg < 2 ? cpg : 2);
+        if (c0 % span != 0) return;
+        c1 = min(op.chunks, c0 + span);
+    }
+    if (c0 >= c1) return;
+    prefetch_l2_bulk(op.w + static_cast<int64_t>(row) * op.chunks + c0, static_cast<uint32_t>(c1 - c0) * 16u);
+    if constexpr (INT4) {
+        const int64_t g = static_cast<int64_t>(row) * op.groups;
+        prefetch_l2_line(op.sc + g + (c0 >> cpg));
+        prefetch_l2_line(op.sc + g + ((c1 - 1) >> cpg));
+        prefetch_l2_line(op.zp + g + (c0 >> cpg));
+        prefetch_l2_line(op.zp + g + ((c1 - 1) >> cpg));
+    }
+}
+
+// L2 prefetch of the warp's items 0 .. ahead of op (tiles gw, gw + gws, ...).
+template <bool INT4, int R, int U>
+__device__ __forceinline__ void prefetch_first(const Op& op, int cpg, int gw, int gws, int lane, int ahead) {
+    const int tiles = (op.rows + R - 1) / R, batches = batches_of<R, U>(op);
+    int t = gw, b = 0;
+    for (int i = 0; i <= ahead && t < tiles; ++i) {
+        prefetch_item<INT4, R, U>(op, cpg, t, b, lane);
+        if (++b == batches) b = 0, t += gws;
+    }
+}
+
 // Loads the warp's first item (tile gw, batch 0) of op into g: what stream_op expects to find in flight.
 template <bool INT4, int R, int U>
 __device__ __forceinline__ void load_first(const Op& op, int cpg, int gw, int lane, Regs& g) {
@@ -174,9 +224,11 @@ struct TileOut {
 // first item already in flight in g. x: the op's input in shared memory (INT4: xs[j * chunks + c] = piece j of chunk
 // c, fp16 or i16 form with xc; FP16: xs[c]). inv: the SwiGLU's factor on the sums (1 where the input was
 // normalised). Returns the warp's sum of the updated x^2 (Residual; lane 0).
+// ahead > 0: the L2 run-ahead, item i + 1 + ahead prefetched as item i is consumed (items 0 .. ahead were prefetched
+// before the op's wait).
 template <bool INT4, int R, int U, bool I16, Epi E>
 __device__ __forceinline__ float stream_op(const Op& op, int cpg, const uint4* xs, const float2* xc, float inv,
-                                           const TileOut& out, Regs& g, int gw, int gws, int lane) {
+                                           const TileOut& out, Regs& g, int gw, int gws, int lane, int ahead) {
     static_assert(R * U == kSlots, "the register slots are shared by every op");
     static_assert(E != Epi::SwiGLU || R % 2 == 0, "SwiGLU needs the gate and up rows in one tile");
     const int chunks = op.chunks;
@@ -192,6 +244,10 @@ __device__ __forceinline__ float stream_op(const Op& op, int cpg, const uint4* x
     for (int r = 0; r < R; ++r) acc[r] = 0.0f;
     float sq = 0.0f;
     while (active) {
+        if (ahead > 0) {  // the item ahead + 1 past (t, b), from (t, b): no registers held across the items
+            const int pb = b + 1 + ahead, pt = t + pb / batches * gws;
+            if (pt < tiles) prefetch_item<INT4, R, U>(op, cpg, pt, pb % batches, lane);
+        }
         int tn = t, bn = b + 1;
         if (bn == batches) {
             bn = 0;
@@ -281,14 +337,33 @@ __device__ __forceinline__ void wait_count(const int* counter, int target, int* 
     __syncthreads();
 }
 
-// The block's outputs of an op are complete: every thread's stores are made visible, then one increment.
-__device__ __forceinline__ void signal_done(int* counter) {
-    __threadfence();
+// Timestamps of thread 0 (TRACE): trace[0][slot][ev][block] globaltimer, trace[1][...] clock64. Addresses from the
+// kernel's parameters at each use (no registers held across the streams).
+struct Tracer {
+    const PersistArgs& a;
+
+    __device__ __forceinline__ void rec(int slot, int ev) const {
+        if (threadIdx.x != 0 || slot >= a.trace_layers) return;
+        const size_t i = (static_cast<size_t>(slot) * kPersistEvents + ev) * gridDim.x + blockIdx.x;
+        const size_t plane = static_cast<size_t>(a.trace_layers) * kPersistEvents * gridDim.x;
+        a.trace[plane + i] = static_cast<uint64_t>(clock64());
+        a.trace[i] = globaltimer();
+    }
+};
+
+// The block's outputs of an op are complete: its stores are made visible, then one increment. light: the block
+// barrier, then thread 0 fences (cumulative over what the barrier ordered before it) and increments, as cooperative
+// groups' grid sync; else every thread fences first (round 1).
+template <bool TRACE>
+__device__ __forceinline__ void signal_done(int* counter, bool light, const Tracer& tr, int slot, int op) {
+    if (!light) __threadfence();
     __syncthreads();
+    if constexpr (TRACE) tr.rec(slot, 6 * op + kEvDone);
     if (threadIdx.x == 0) {
         __threadfence();
         atomicAdd(counter, 1);
     }
+    if constexpr (TRACE) tr.rec(slot, 6 * op + kEvSignaled);
 }
 
 // The op's input into shared memory from L2 (written in this launch or before it): n16 16-byte pieces.
@@ -308,7 +383,9 @@ __device__ __forceinline__ void copy_input(uint4* xs, const __half* src, int col
 // Error codes: 1 + 3 * layer-in-launch + op (the wait before that op).
 __device__ __forceinline__ int wait_code(int l, int op) { return 1 + 3 * l + op; }
 
-template <bool INT4>
+// AHEAD: the L2 run-ahead compiled in (a.ahead > 0 then used); LATE: a.late_regs. Compile-time, so that round 1's
+// form keeps round 1's registers (the late loads' live ranges made ptxas spill).
+template <bool INT4, bool TRACE, bool AHEAD, bool LATE>
 __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     persist_tail_kernel(const PersistLayerDev* __restrict__ layers, int first, int count, PersistArgs a, int cpg,
                         int xs_units) {
@@ -321,32 +398,55 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     const int H = a.hidden, F = a.inter, G = gridDim.x;
     constexpr int R1 = INT4 ? 4 : 2, U1 = INT4 ? 2 : 4;  // gate+up's tiles (the others: 2 rows, 4 chunks)
     int* cnt = a.counters;
+    const int ahead = AHEAD ? a.ahead : 0;
+    const Tracer tr{a};
+    if constexpr (TRACE) tr.rec(first, kEvStart);
 
     Regs g;
 #pragma unroll
     for (int k = 0; k < kSlots; ++k) g.q[k] = make_uint4(0, 0, 0, 0), g.s[k] = 0, g.z[k] = 0;
-    load_first<INT4, 2, 4>(op_of<INT4>(layers[first], 0, H, H, cpg), cpg, gw, lane, g);
+    {
+        const Op o0 = op_of<INT4>(layers[first], 0, H, H, cpg);
+        if (ahead > 0) prefetch_first<INT4, 2, 4>(o0, cpg, gw, gws, lane, ahead);
+        load_first<INT4, 2, 4>(o0, cpg, gw, lane, g);
+    }
+    if constexpr (TRACE) tr.rec(first, kEvFirst);
     pdl_trigger();
+    if constexpr (TRACE) tr.rec(first, kEvWaitIn);
     pdl_wait();
+    if constexpr (TRACE) tr.rec(first, kEvWaitOut);
 
     for (int l = 0; l < count; ++l) {
-        const PersistLayerDev& L = layers[first + l];
+        const int slot = first + l;
+        const PersistLayerDev& L = layers[slot];
         const Op o = op_of<INT4>(L, 0, H, H, cpg), gu = op_of<INT4>(L, 1, 2 * F, H, cpg),
                  down = op_of<INT4>(L, 2, H, F, cpg);
 
         // op 0: o projection + residual (input: att, written before the launch).
-        if (l > 0) wait_count(cnt + 3 * (l - 1) + 2, G, a.error, wait_code(l, 0));
+        if (l > 0) {
+            if (LATE) load_first<INT4, 2, 4>(o, cpg, gw, lane, g);
+            if constexpr (TRACE) tr.rec(slot, kEvWaitIn);
+            wait_count(cnt + 3 * (l - 1) + 2, G, a.error, wait_code(l, 0));
+            if constexpr (TRACE) tr.rec(slot, kEvWaitOut);
+        }
         copy_input<INT4>(xs, a.att, H);
         __syncthreads();
+        if constexpr (TRACE) tr.rec(slot, kEvInput);
         float sq = stream_op<INT4, 2, 4, false, Epi::Residual>(o, cpg, xs, xc, 1.0f, TileOut{a.x, a.xg, L.g_mlp, nullptr},
-                                                               g, gw, gws, lane);
-        load_first<INT4, R1, U1>(gu, cpg, gw, lane, g);  // gate+up's weights in flight across the boundary
+                                                               g, gw, gws, lane, ahead);
+        // gate+up's weights in flight across the boundary.
+        if (ahead > 0) prefetch_first<INT4, R1, U1>(gu, cpg, gw, gws, lane, ahead);
+        if (!LATE) load_first<INT4, R1, U1>(gu, cpg, gw, lane, g);
+        if constexpr (TRACE) tr.rec(slot, 6 + kEvFirst);
         float bs = block_sum_fixed(lane == 0 ? sq : 0.0f);
         if (threadIdx.x == 0) __stcg(a.partials + blockIdx.x, bs);
-        signal_done(cnt + 3 * l + 0);
+        signal_done<TRACE>(cnt + 3 * l + 0, a.light_signal, tr, slot, 0);
+        if (LATE) load_first<INT4, R1, U1>(gu, cpg, gw, lane, g);
 
         // op 1: gate+up + SwiGLU (input: xg of op 0, normalised by the partials of op 0).
+        if constexpr (TRACE) tr.rec(slot, 6 + kEvWaitIn);
         wait_count(cnt + 3 * l + 0, G, a.error, wait_code(l, 1));
+        if constexpr (TRACE) tr.rec(slot, 6 + kEvWaitOut);
         const NormScale norm{a.partials, G, H, a.eps};
         const PartialsShare share = epi_partials_load(norm);
         float inv;
@@ -362,21 +462,34 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             inv = epi_inv_rms(norm, epi_partials_add(norm, share));
         }
         __syncthreads();
+        if constexpr (TRACE) tr.rec(slot, 6 + kEvInput);
         stream_op<INT4, R1, U1, INT4, Epi::SwiGLU>(gu, cpg, xs, xc, INT4 ? 1.0f : inv,
-                                                   TileOut{nullptr, nullptr, nullptr, a.act}, g, gw, gws, lane);
-        load_first<INT4, 2, 4>(down, cpg, gw, lane, g);
-        signal_done(cnt + 3 * l + 1);
+                                                   TileOut{nullptr, nullptr, nullptr, a.act}, g, gw, gws, lane, ahead);
+        if (ahead > 0) prefetch_first<INT4, 2, 4>(down, cpg, gw, gws, lane, ahead);
+        if (!LATE) load_first<INT4, 2, 4>(down, cpg, gw, lane, g);
+        if constexpr (TRACE) tr.rec(slot, 12 + kEvFirst);
+        signal_done<TRACE>(cnt + 3 * l + 1, a.light_signal, tr, slot, 1);
+        if (LATE) load_first<INT4, 2, 4>(down, cpg, gw, lane, g);
 
         // op 2: down + residual (input: act of op 1).
+        if constexpr (TRACE) tr.rec(slot, 12 + kEvWaitIn);
         wait_count(cnt + 3 * l + 1, G, a.error, wait_code(l, 2));
+        if constexpr (TRACE) tr.rec(slot, 12 + kEvWaitOut);
         copy_input<INT4>(xs, a.act, F);
         __syncthreads();
+        if constexpr (TRACE) tr.rec(slot, 12 + kEvInput);
         sq = stream_op<INT4, 2, 4, false, Epi::Residual>(down, cpg, xs, xc, 1.0f,
-                                                         TileOut{a.x, a.xg, L.g_next, nullptr}, g, gw, gws, lane);
-        if (l + 1 < count) load_first<INT4, 2, 4>(op_of<INT4>(layers[first + l + 1], 0, H, H, cpg), cpg, gw, lane, g);
+                                                         TileOut{a.x, a.xg, L.g_next, nullptr}, g, gw, gws, lane,
+                                                         ahead);
+        if (l + 1 < count) {  // the next layer's o (its registers: here, or before its wait with late_regs)
+            const Op on = op_of<INT4>(layers[slot + 1], 0, H, H, cpg);
+            if (ahead > 0) prefetch_first<INT4, 2, 4>(on, cpg, gw, gws, lane, ahead);
+            if (!LATE) load_first<INT4, 2, 4>(on, cpg, gw, lane, g);
+            if constexpr (TRACE) tr.rec(slot + 1, kEvFirst);
+        }
         bs = block_sum_fixed(lane == 0 ? sq : 0.0f);
         if (threadIdx.x == 0) __stcg(a.partials + G + blockIdx.x, bs);
-        signal_done(cnt + 3 * l + 2);
+        signal_done<TRACE>(cnt + 3 * l + 2, a.light_signal, tr, slot, 2);
     }
 
     // The last block out zeroes the counters for the next launch (which reads them only after this grid completes).
@@ -386,6 +499,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
             __threadfence();
         }
     }
+    if constexpr (TRACE) tr.rec(first + count - 1, kEvEnd);
 }
 
 __global__ void standin_kernel(uint32_t* sink, int64_t ns) {
@@ -401,13 +515,42 @@ __global__ void standin_kernel(uint32_t* sink, int64_t ns) {
 
 size_t xs_units_of(int hidden, int inter) { return static_cast<size_t>(hidden > inter ? hidden : inter) / 8; }
 
+using TailKernel = void (*)(const PersistLayerDev*, int, int, PersistArgs, int, int);
+template <int N>
+TailKernel form_at() {
+    return persist_tail_kernel<(N & 8) != 0, (N & 4) != 0, (N & 2) != 0, (N & 1) != 0>;
+}
+// Form index: 8 int4 + 4 traced + 2 run-ahead + 1 late registers.
+constexpr int kForms = 16;
+int form_of(bool int4, bool trace, bool ahead, bool late) {
+    return (int4 ? 8 : 0) + (trace ? 4 : 0) + (ahead ? 2 : 0) + (late ? 1 : 0);
+}
+TailKernel kernel_of(int form) {
+    static const TailKernel table[kForms] = {form_at<0>(),  form_at<1>(),  form_at<2>(),  form_at<3>(),
+                                             form_at<4>(),  form_at<5>(),  form_at<6>(),  form_at<7>(),
+                                             form_at<8>(),  form_at<9>(),  form_at<10>(), form_at<11>(),
+                                             form_at<12>(), form_at<13>(), form_at<14>(), form_at<15>()};
+    return table[form];
+}
+
+int per_sm_of(int form, int hidden, int inter) {
+    int per_sm = 0;
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel_of(form), kThreads,
+                                                             persist_smem((form & 8) != 0, hidden, inter)));
+    return per_sm;
+}
+
+// The grid of every form (the traced and run-ahead ones must fit as many blocks per SM as the plain one).
 template <bool INT4>
 int blocks_for(int hidden, int inter) {
-    int per_sm = 0;
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_tail_kernel<INT4>, kThreads,
-                                                             persist_smem(INT4, hidden, inter)));
+    const int base = form_of(INT4, false, false, false);
+    const int per_sm = per_sm_of(base, hidden, inter);
     QUEST_REQUIRE(per_sm >= 1, "persist_blocks: the kernel does not fit on an SM");
-    return sm_count() * (per_sm < kBlocksPerSm ? per_sm : kBlocksPerSm);
+    const int use = per_sm < kBlocksPerSm ? per_sm : kBlocksPerSm;
+    for (int f = base + 1; f < base + 8; ++f)
+        QUEST_REQUIRE(per_sm_of(f, hidden, inter) >= use,
+                      "persist_blocks: a traced / run-ahead / late form fits fewer blocks per SM than the plain one");
+    return sm_count() * use;
 }
 
 }  // namespace
@@ -455,29 +598,26 @@ void persist_layer_tails(bool int4, const PersistLayerDev* layers, int first, in
     QUEST_REQUIRE(a.partials_capacity >= 2 * G, "persist_layer_tails: partials_capacity < 2 * persist_blocks()");
     QUEST_REQUIRE(static_cast<size_t>(a.counters_capacity) >= persist_counter_ints(count),
                   "persist_layer_tails: counters_capacity < persist_counter_ints(count)");
+    QUEST_REQUIRE(a.ahead >= 0 && a.ahead <= 64, "persist_layer_tails: ahead must be in [0, 64]");
+    QUEST_REQUIRE(!a.trace || first + count <= a.trace_layers, "persist_layer_tails: trace_layers < first + count");
     const int xs_units = static_cast<int>(xs_units_of(a.hidden, a.inter));
-    if (int4)
-        launch_pdl(persist_tail_kernel<true>, dim3(G), dim3(kThreads), smem, stream, layers, first, count, a, cpg,
-                   xs_units);
-    else
-        launch_pdl(persist_tail_kernel<false>, dim3(G), dim3(kThreads), smem, stream, layers, first, count, a, cpg,
-                   xs_units);
+    launch_pdl(kernel_of(form_of(int4, a.trace != nullptr, a.ahead > 0, a.late_regs)), dim3(G), dim3(kThreads), smem,
+               stream, layers, first, count, a, cpg, xs_units);
 }
 
 std::string persist_kernel_info(bool int4, int hidden, int inter) {
-    cudaFuncAttributes fa{};
-    if (int4) CUDA_CHECK(cudaFuncGetAttributes(&fa, persist_tail_kernel<true>));
-    else CUDA_CHECK(cudaFuncGetAttributes(&fa, persist_tail_kernel<false>));
-    int per_sm = 0;
-    if (int4)
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_tail_kernel<true>, kThreads,
-                                                                 persist_smem(true, hidden, inter)));
-    else
-        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persist_tail_kernel<false>, kThreads,
-                                                                 persist_smem(false, hidden, inter)));
-    return std::to_string(fa.numRegs) + " registers, " + std::to_string(fa.localSizeBytes) + " B local, " +
-           std::to_string(per_sm) + " blocks of " + std::to_string(kThreads) + " threads fit per SM, " +
-           std::to_string(persist_smem(int4, hidden, inter)) + " B dynamic shared memory";
+    // Registers and local bytes of the forms (form_of order: traced, run-ahead, late registers).
+    const int base = form_of(int4, false, false, false);
+    std::string r = std::to_string(per_sm_of(base, hidden, inter)) + " blocks of " + std::to_string(kThreads) +
+                    " threads fit per SM, " + std::to_string(persist_smem(int4, hidden, inter)) +
+                    " B dynamic shared memory; registers / B local of the forms plain, L(ate), A(head), AL, T(raced), "
+                    "TL, TA, TAL:";
+    for (int f = base; f < base + 8; ++f) {
+        cudaFuncAttributes fa{};
+        CUDA_CHECK(cudaFuncGetAttributes(&fa, kernel_of(f)));
+        r += " " + std::to_string(fa.numRegs) + "/" + std::to_string(fa.localSizeBytes);
+    }
+    return r;
 }
 
 std::string persist_error_text(int code) {

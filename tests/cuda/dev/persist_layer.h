@@ -39,7 +39,29 @@ struct PersistArgs {
     int hidden = 0, inter = 0;     // H, F
     int group = 0;                 // int4 group size (power of two >= 32 dividing H and F)
     float eps = 0.0f;              // RMSNorm epsilon
+    // Variants (round 2; the defaults are round 1's kernel):
+    int ahead = 0;              // L2 run-ahead: each warp keeps its next `ahead` items (4 KB per warp each) of the
+                                //   weight stream on their way to L2 (cp.async.bulk.prefetch), within an op and across
+                                //   the op boundary (items 0 .. ahead of the next op before the wait); 0: none
+    bool light_signal = false;  // an op's end: only thread 0 fences before its increment (the block barrier orders the
+                                //   other threads' stores, as cooperative groups' grid sync); false: every thread
+    bool late_regs = false;     // the next op's first item into registers after the block's increment (so that thread
+                                //   0's fence does not wait for those loads); false: before it
+    uint64_t* trace = nullptr;  // [2][trace_layers][kPersistEvents][persist_blocks()]: globaltimer, then clock64, of
+    int trace_layers = 0;       //   thread 0 of each block at each PersistEvent of layer slot first + l; null: the
+                                //   kernel without timestamps
 };
+
+// Timestamps of the traced kernel, per block and layer slot (thread 0). Per op k (0 o, 1 gate+up, 2 down), event
+// 6 k + e: e = 0 FIRST (the op's first weight loads issued, registers or L2 prefetch: right after warp 0 finished the
+// op before, except for a launch's first o; with late_regs and ahead 0 nothing is issued yet, the register loads
+// follow the increment), 1 WAIT_IN (the wait on the op before, or griddepcontrol.wait, entered),
+// 2 WAIT_OUT (left; for the counter waits the block barrier after it passed), 3 INPUT (the op's input in shared
+// memory, block barrier passed), 4 DONE (every warp of the block finished op k: the block barrier before the
+// increment; round 1's every-thread fence included), 5 SIGNALED (thread 0's fence and increment done). 18 START
+// (kernel entry), 19 END (exit), in the slots of the launch's first / last layer.
+constexpr int kPersistEvents = 20;
+enum PersistEvent { kEvFirst = 0, kEvWaitIn, kEvWaitOut, kEvInput, kEvDone, kEvSignaled, kEvStart = 18, kEvEnd = 19 };
 
 // Blocks of the persistent grid for the format: SMs x min(2, resident blocks per SM), so that every block is resident
 // at once (the dependency waits need that); 8 warps each.
