@@ -180,4 +180,39 @@ __device__ __forceinline__ void x_to_i16(const __half* __restrict__ x, int chunk
     }
 }
 
+// One thread's step of x_to_i16 on its own: the 16-byte piece v of x (8 fp16 columns of a chunk) into its integer
+// form (returned), with the chunk's sx (NaN when the chunk holds a NaN or infinity) and sum(xi). The pieces 0..3 of a
+// chunk must sit in lanes 4m .. 4m + 3 (max and sum by two shuffles each); every lane of the warp calls it. For a
+// kernel that converts x piecewise per warp (tests/cuda/dev/persist_layer.cu's flow form). The same arithmetic as
+// x_to_i16's loop body, kept beside it rather than called from it: x_to_i16 calling it changed gemv_int4.cu's PTX.
+__device__ __forceinline__ uint4 x_piece_to_i16(uint4 v, float& sx, int& sum) {
+    const __half2* h = reinterpret_cast<const __half2*>(&v);
+    __half2 m2 = __hmax2_nan(__hmax2_nan(__habs2(h[0]), __habs2(h[1])), __hmax2_nan(__habs2(h[2]), __habs2(h[3])));
+    m2 = __hmax2_nan(m2, u32_as_half2(__shfl_xor_sync(0xffffffffu, half2_as_u32(m2), 1)));
+    m2 = __hmax2_nan(m2, u32_as_half2(__shfl_xor_sync(0xffffffffu, half2_as_u32(m2), 2)));
+    const uint32_t mb = half2_as_u32(__hmax2_nan(m2, __lowhigh2highlow(m2))) & 0x7FFFu;  // the chunk's max |x|
+    const int E = static_cast<int>(mb >> 10);                            // 0 .. 31
+    const float up = __int_as_float((127 + 29 - E) << 23);               // 2^k, k = 29 - E (2^-2 .. 2^29)
+    sx = mb >= 0x7C00u ? __int_as_float(0x7FC00000) : __int_as_float((127 - 29 + E) << 23);
+    int xi[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        const float2 f = __half22float2(h[j]);
+        xi[2 * j] = __float2int_rn(f.x * up);
+        xi[2 * j + 1] = __float2int_rn(f.y * up);
+    }
+    sum = ((xi[0] + xi[1]) + (xi[2] + xi[3])) + ((xi[4] + xi[5]) + (xi[6] + xi[7]));
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    // xi[2j], xi[2j + 1] are columns 2j, 2j + 1: {hi, hi, lo, lo} of columns (0, 4), (1, 5), (2, 6), (3, 7).
+    const uint32_t a04 = byte_perm(xi[0], xi[4], 0x4051u), a15 = byte_perm(xi[1], xi[5], 0x4051u);
+    const uint32_t a26 = byte_perm(xi[2], xi[6], 0x4051u), a37 = byte_perm(xi[3], xi[7], 0x4051u);
+    uint4 o;
+    o.x = byte_perm(a04, a15, 0x5410u);  // hi 0 4 1 5
+    o.y = byte_perm(a26, a37, 0x5410u);  // hi 2 6 3 7
+    o.z = byte_perm(a04, a15, 0x7632u);  // lo 0 4 1 5
+    o.w = byte_perm(a26, a37, 0x7632u);  // lo 2 6 3 7
+    return o;
+}
+
 }  // namespace quest::int4_dot

@@ -16,7 +16,12 @@
 //       as (b); the fastest of them also at 32 tails per launch and after the stand-in;
 //   (e) the traced kernel (thread 0 of every block writes globaltimer and clock64 at the PersistEvents), 1 tail per
 //       launch, for round 1's form and the fastest variant: per op, the median / max over blocks x 32 tails of the
-//       phases (print_trace says which), and per tail the spread of the blocks.
+//       phases (print_trace says which), and per tail the spread of the blocks;
+//   (f) round 3, the flow form (persist_flow_tails: no per-op barrier, dependencies per 1024 / 256 rows, tiles
+//       claimed from an atomic counter, the norm deferred to gate+up's epilogue), with the next tile's loads rolled
+//       into the tile's last item and with them after the tile's signal (late_regs), 1 tail per launch, compared as
+//       (b) and against (a) and (d)'s fastest; the faster also at 32 tails per launch and after the stand-in; traced
+//       (print_flow_trace says what).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -243,6 +248,62 @@ void print_trace(const std::string& p, const std::vector<uint64_t>& tr, int G, i
                 "END %s, period %s (us, p50/max)\n",
                 p.c_str(), p50max(sskew).c_str(), p50max(gap).c_str(), p50max(exit_after).c_str(),
                 p50max(period).c_str());
+}
+
+// The flow trace: trace[layers][tasks][3] = {start, end, ns waited} per task (globaltimer; 1 tail per launch).
+// Per op, over its tiles x 32 tails: tile (end - start) and waited (in dependency waits: shared units, counters,
+// the norm's sums) p50/max; per tail (p50/max over the 32): wall (the op's last end - the op before's last end; o:
+// - the tail's first task start), span (the op's last end - its first start), lead (the op's first start - the
+// op before's last end: negative, it started before the op before finished), straggle (its last end - the end of
+// its 90th percentile tile) and ideal (its bytes at 4200 GB/s); then the period (last end of down - that of the
+// tail before).
+void print_flow_trace(const std::string& p, const std::vector<uint64_t>& tr, int layers, const int tiles[3],
+                      const double op_bytes[3]) {
+    const int per = tiles[0] + tiles[1] + tiles[2];
+    auto at = [&](int l, int i, int f) { return static_cast<double>(tr[(size_t(l) * per + i) * 3 + f]); };
+    static const char* const names[3] = {"o", "gate_up", "down"};
+    std::printf("%s  %-8s %-11s %-11s | %-11s %-11s %-11s %-11s %6s  (us, p50/max)\n", p.c_str(), "op", "tile",
+                "waited", "wall", "span", "lead", "straggle", "ideal");
+    std::vector<double> last_end(layers, 0), period;
+    std::vector<double> prev_end(layers, 0);
+    for (int l = 0; l < layers; ++l) {
+        double s0 = 1e300;
+        for (int i = 0; i < per; ++i) s0 = std::min(s0, at(l, i, 0));
+        prev_end[l] = s0;
+    }
+    bool bad = false;
+    int off = 0;
+    for (int k = 0; k < 3; ++k) {
+        std::vector<double> tile, waited, wall, span, lead, straggle;
+        for (int l = 0; l < layers; ++l) {
+            double smin = 1e300, emax = -1;
+            std::vector<double> ends;
+            for (int i = off; i < off + tiles[k]; ++i) {
+                const double s0 = at(l, i, 0), e0 = at(l, i, 1);
+                if (e0 <= 0 || e0 < s0) bad = true;
+                tile.push_back(e0 - s0);
+                waited.push_back(at(l, i, 2));
+                smin = std::min(smin, s0);
+                emax = std::max(emax, e0);
+                ends.push_back(e0);
+            }
+            std::sort(ends.begin(), ends.end());
+            wall.push_back(emax - prev_end[l]);
+            span.push_back(emax - smin);
+            lead.push_back(smin - prev_end[l]);
+            straggle.push_back(emax - ends[ends.size() * 9 / 10]);
+            prev_end[l] = emax;
+            if (k == 2) last_end[l] = emax;
+        }
+        std::printf("%s  %-8s %-11s %-11s | %-11s %-11s %-11s %-11s %6.2f\n", p.c_str(), names[k],
+                    p50max(tile).c_str(), p50max(waited).c_str(), p50max(wall).c_str(), p50max(span).c_str(),
+                    p50max(lead).c_str(), p50max(straggle).c_str(), op_bytes[k] / 4200e9 * 1e6);
+        off += tiles[k];
+    }
+    for (int l = 1; l < layers; ++l) period.push_back(last_end[l] - last_end[l - 1]);
+    std::printf("%s  period (last end of down - the tail before's) %s us (p50/max)\n", p.c_str(),
+                p50max(period).c_str());
+    if (bad) std::printf("FAIL %strace: a task without an end stamp (not every task ran?)\n", p.c_str());
 }
 
 bool bench_format(bool int4, std::vector<std::string>& json) {
@@ -519,7 +580,7 @@ bool bench_format(bool int4, std::vector<std::string>& json) {
         return r;
     };
     int best = -1;
-    double best_us = 1e30, round1_us = 0;
+    double best_us = 1e30, round1_us = 0, tvs_best = 0;
     for (int i = 0; i < static_cast<int>(sizeof variants / sizeof variants[0]); ++i) {
         const PersistArgs v = args_of(variants[i]);
         Graph gv([&](cudaStream_t s) { for (int l = 0; l < kLayers; ++l) tail_v(v, l, 1, s); }, st);
@@ -566,6 +627,7 @@ bool bench_format(bool int4, std::vector<std::string>& json) {
         judge("(d) fastest after the stand-in", evs);
         const double t32 = g32.median_ms() * 1e3 / kLayers;
         const double tvs = gvs.median_ms() * 1e3 / kLayers;
+        tvs_best = tvs - ts;
         if (!check_error("(d) fastest timing")) return false;
         line(p + "(d) fastest, 32 tails per launch", t32, fmt_err(e32));
         line(p + "(d) fastest, 1 tail/launch after the stand-in: total - stand-in", tvs - ts, fmt_err(evs));
@@ -593,6 +655,120 @@ bool bench_format(bool int4, std::vector<std::string>& json) {
         gt.launch();
         if (!check_error(what + " traced run")) return false;
         print_trace(p + "(e) [" + variants[i].name + "] ", trace.download(), G, kLayers, op_bytes);
+    }
+
+    // (f) round 3: the flow form, its own partials and counters.
+    {
+        DeviceBuffer<float> part_f(persist_flow_partial_floats(kH));
+        DeviceBuffer<int> counters_f(persist_flow_counter_ints(kLayers));
+        counters_f.fill_bytes(0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        PersistArgs fa = pa;
+        fa.partials = part_f.get();
+        fa.partials_capacity = static_cast<int>(part_f.size());
+        fa.counters = counters_f.get();
+        fa.counters_capacity = static_cast<int>(counters_f.size());
+        const int GF = persist_flow_blocks(int4, kH, kF);
+        std::printf("%s(f) flow: grid %d blocks, %d tasks per tail (%s)\n", p.c_str(), GF,
+                    persist_flow_tasks(int4, kH, kF), persist_flow_kernel_info(int4, kH, kF).c_str());
+        auto tail_f = [&](const PersistArgs& v, int first, int count, cudaStream_t s) {
+            persist_flow_tails(int4, layers.get(), first, count, v, s);
+        };
+        auto check_f = [&](const std::string& what) {
+            CUDA_CHECK(cudaStreamSynchronize(st));
+            const int e = error.download()[0];
+            if (e != 0) {
+                std::printf("FAIL persist %s %s: %s\n", fmt, what.c_str(), persist_error_text(e).c_str());
+                ok = false;
+                error.fill_bytes(0);
+                counters_f.fill_bytes(0);
+                CUDA_CHECK(cudaDeviceSynchronize());
+            }
+            return e == 0;
+        };
+        // One tail from the same start, then each variant at 1 tail per launch.
+        reset();
+        tail_f(fa, 0, 1, st);
+        if (!check_f("(f) flow, 1 tail")) return false;
+        const Err f1 = state_err(ref1, snapshot());
+        judge("(f) flow, 1 tail", f1);
+        std::printf("%-66s %s\n", (p + "(f) flow, its error after 1 tail").c_str(), fmt_err(f1).c_str());
+        const char* fnames[2] = {"flow (next tile's loads in the tile's last item)", "flow + regs late"};
+        double f_us[2] = {0, 0};
+        Err f_err[2];
+        for (int i = 0; i < 2; ++i) {
+            PersistArgs v = fa;
+            v.late_regs = i == 1;
+            Graph gf([&](cudaStream_t s) { for (int l = 0; l < kLayers; ++l) tail_f(v, l, 1, s); }, st);
+            const std::string what = std::string("(f) ") + fnames[i];
+            if (!check_f(what + " set-up")) return false;
+            reset();
+            gf.launch();
+            if (!check_f(what)) return false;
+            f_err[i] = state_err(ref, snapshot());
+            judge(what + ", 32 tails", f_err[i]);
+            f_us[i] = gf.median_ms() * 1e3 / kLayers;
+            if (!check_f(what + " timing")) return false;
+            line(p + what + ", 1 tail per launch", f_us[i], fmt_err(f_err[i]));
+        }
+        const int fb = f_us[1] < f_us[0] ? 1 : 0;
+        std::printf("%-66s %s: %.2f us/tail; (a) today %.2f, (d) fastest (%s) %.2f: %+.1f%% vs (a), %+.1f%% vs (d)\n",
+                    (p + "(f) faster flow form").c_str(), fnames[fb], f_us[fb], ta, variants[best].name, best_us,
+                    100.0 * (f_us[fb] / ta - 1.0), 100.0 * (f_us[fb] / best_us - 1.0));
+        PersistArgs v = fa;
+        v.late_regs = fb == 1;
+        {
+            Graph g32([&](cudaStream_t s) { tail_f(v, 0, kLayers, s); }, st);
+            Graph gfs(
+                [&](cudaStream_t s) {
+                    for (int l = 0; l < kLayers; ++l) {
+                        standin(s);
+                        tail_f(v, l, 1, s);
+                    }
+                },
+                st);
+            if (!check_f("(f) set-up")) return false;
+            reset();
+            g32.launch();
+            if (!check_f("(f) 32 tails per launch")) return false;
+            const Err e32 = state_err(ref, snapshot());
+            judge("(f) 32 tails per launch", e32);
+            reset();
+            gfs.launch();
+            if (!check_f("(f) after the stand-in")) return false;
+            const Err efs = state_err(ref, snapshot());
+            judge("(f) after the stand-in", efs);
+            const double t32 = g32.median_ms() * 1e3 / kLayers;
+            const double tfs = gfs.median_ms() * 1e3 / kLayers;
+            if (!check_f("(f) timing")) return false;
+            line(p + "(f) faster flow form, 32 tails per launch", t32, fmt_err(e32));
+            line(p + "(f) faster flow form, 1 tail/launch after the stand-in: total - stand-in", tfs - ts,
+                 fmt_err(efs));
+            std::printf("%-66s (a) %.2f, (d) fastest %.2f, flow %.2f us/tail\n",
+                        (p + "(f) after the stand-in: total - stand-in").c_str(), tas - ts, tvs_best, tfs - ts);
+        }
+        // Traced, the faster form, 1 tail per launch.
+        const int tiles[3] = {kH / 2, 2 * kF / (int4 ? 4 : 2), kH / 2};
+        QUEST_REQUIRE(tiles[0] + tiles[1] + tiles[2] == persist_flow_tasks(int4, kH, kF), "flow task count");
+        DeviceBuffer<uint64_t> ftrace(size_t(kLayers) * persist_flow_tasks(int4, kH, kF) * 3);
+        v.trace = ftrace.get();
+        v.trace_layers = kLayers;
+        Graph gt([&](cudaStream_t s) { for (int l = 0; l < kLayers; ++l) tail_f(v, l, 1, s); }, st);
+        const std::string what = std::string("(f) traced ") + fnames[fb];
+        if (!check_f(what + " set-up")) return false;
+        reset();
+        gt.launch();
+        if (!check_f(what)) return false;
+        const Err et = state_err(ref, snapshot());
+        judge(what + ", 32 tails", et);
+        const double us = gt.median_ms() * 1e3 / kLayers;
+        if (!check_f(what + " timing")) return false;
+        line(p + what, us, fmt_err(et));
+        ftrace.fill_bytes(0);
+        CUDA_CHECK(cudaDeviceSynchronize());
+        gt.launch();
+        if (!check_f(what + " traced run")) return false;
+        print_flow_trace(p + "(f) [" + fnames[fb] + "] ", ftrace.download(), kLayers, tiles, op_bytes);
     }
     return ok;
 }

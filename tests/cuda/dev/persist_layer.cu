@@ -502,6 +502,390 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm)
     if constexpr (TRACE) tr.rec(first + count - 1, kEvEnd);
 }
 
+// ---------------------------------------------------------------------------------------------------------------------
+// Round 3: the "flow" form (persist_flow_tails). No per-op grid barrier and no fixed tile assignment:
+//   - Tasks: the tiles of a launch in one sequence, per layer o's tiles, then gate+up's, then down's, each op in row
+//     order (tiles as above: o and down 2 rows, gate+up int4 4 rows = the gate and up rows of 2 act rows, FP16 2
+//     rows = 1 act row). Warp gw takes tasks gw and gw + gws (static, so that its first weight loads are issued
+//     before griddepcontrol.wait), then claims the next from one atomic counter (task 2 gws + the counter's old
+//     value), one claim ahead: a claim is issued as a tile starts and used when the tile after next starts, so its
+//     round trip hides behind the tile. Early finishers take more tiles; the claims follow the consumers' order.
+//   - Dependencies per unit: a unit is 32 of the consumer's 16-byte chunks per row, i.e. kUnitCols(INT4) = 1024
+//     (int4) or 256 (FP16) of its input columns = rows of the producer's output. ready[l][k][q] counts the finished
+//     tiles of op k (layer slot l of the launch) whose rows lie in unit q. A tile streams its row items in unit order
+//     (unit q = item b, slot u with q = b U + u); before its dot on unit q the warp makes sure unit q is in the
+//     block's shared memory (flow_unit: the first warp of the block that needs it waits for ready[...][q], then
+//     copies it, int4 gate+up converting it to the integer form; the block's other warps wait on a shared flag). The
+//     refill loads of the slots before u are issued by then, the other slots still hold the item's weights: the wait
+//     hides behind 8 loads per lane in flight, as the stream does.
+//   - The norm before gate+up, deferred: gate+up dots the UNnormalised xg (int4: its block floating point with
+//     factor 1) and multiplies the row sums by inv = rsqrtf(sum x^2 / H + eps) in the SwiGLU epilogue, after the
+//     sum of squares is complete. o's tiles store their sums of x^2; the tile that completes an o unit sums that
+//     unit's tiles (one warp, a fixed order), stores the unit's sum and increments sq_done[l]; a gate+up warp waits
+//     for sq_done[l] = the unit count once per layer and sums the units in order. Deterministic, but another
+//     summation tree than round 1's per-block partials, so inv differs in its last bits; int4: the product applies
+//     inv to every chunk's step (scale * (sx inv) * t), here once to the row sum (inv * sum of scale sx t: one
+//     rounding less per chunk), i.e. row sums equal up to fp32 rounding, act up to a flipped fp16 rounding.
+//   - o of layer l reads x[row] written by down of layer l - 1: its epilogue waits for down's unit of its rows.
+//     Every other hazard is covered by the chain (a gate+up tile needs all of o's units, a down tile all of
+//     gate+up's, o's units all of down's before them): a shared input buffer of op k is refilled for the next layer
+//     only after every tile of op k of this layer, in every block, has finished reading it.
+//   - att (o's input) is the same for every tail of a launch (a launch spans layers only in this bench): copied
+//     into shared memory once per launch. down's sums of x^2 (the next layer's norm in the product) are stored per
+//     tile, not reduced.
+//   - partials (floats): [to] o's tile sums of x^2, [kMaxUnits] o's unit sums, [td] down's tile sums; counters
+//     (ints): claim, exit, then per layer slot ready[3][kMaxUnits] and sq_done.
+//   - late_regs: the next task's first item is loaded after the tile's signal instead of by the tile's last item
+//     (lane 0's fence before the increment then has no loads of its warp to wait for).
+//   - Bounded waits as above (kWaitTimeoutNs, error code 1 + 3 l + op of the waiting op); the last block out zeroes
+//     the counters; TRACE: lane 0 of each warp stamps each task's start and end (globaltimer) and the ns it waited.
+constexpr int kUnitChunks = 32;
+constexpr int kMaxUnits = 64;                       // per op and layer (FP16 act: 43 at F = 11008)
+constexpr int kFlowLayerInts = 3 * kMaxUnits + 1;   // ready[3][kMaxUnits], sq_done
+constexpr int kFlowHead = 2;                        // claim, exit
+__host__ __device__ constexpr int unit_cols(bool int4) { return int4 ? kUnitChunks * 32 : kUnitChunks * 8; }
+
+// The shape of a launch's task sequence (per layer: o tiles, gate+up tiles, down tiles).
+struct FlowShape {
+    int to, tg, td, per_layer;  // tiles of o, gate+up, down; their sum
+    int uo, ua, ud;             // units of o's output (gate+up's input), act (down's input), down's output
+    int rpt1;                   // gate+up: act rows per tile
+};
+__host__ __device__ inline FlowShape flow_shape(bool int4, int H, int F) {
+    FlowShape s;
+    const int R1 = int4 ? 4 : 2, uc = unit_cols(int4);
+    s.to = H / 2;
+    s.tg = 2 * F / R1;
+    s.td = H / 2;
+    s.per_layer = s.to + s.tg + s.td;
+    s.uo = (H + uc - 1) / uc;
+    s.ua = (F + uc - 1) / uc;
+    s.ud = s.uo;
+    s.rpt1 = R1 / 2;
+    return s;
+}
+// Tiles of an op (rpt output rows each, `tiles` in all) whose rows lie in unit q.
+__device__ __forceinline__ int tiles_in_unit(int q, int rpt, int tiles, int uc) {
+    return min(tiles, (q + 1) * uc / rpt) - q * uc / rpt;
+}
+
+// Lane 0: waits until *p >= target (bounded as wait_count); returns the ns it waited. Then fence (acquire side).
+__device__ __forceinline__ uint64_t lane0_wait(const int* p, int target, int* error, int code) {
+    if (load_acquire(p) >= target) return 0;
+    const uint64_t t0 = globaltimer();
+    uint64_t t = t0;
+    while (load_acquire(p) < target) {
+        if (*reinterpret_cast<volatile int*>(error) != 0) break;
+        t = globaltimer();
+        if (t - t0 > kWaitTimeoutNs) {
+            atomicCAS(error, 0, code);
+            break;
+        }
+    }
+    __threadfence();
+    return t - t0;
+}
+
+// The flow kernel's shared memory: dynamic [H / 8] att, [H / 8] gate+up's input (int4: integer form), int4 [H / 64]
+// its chunk steps (float2), [F / 8] act; static: the units' flags.
+extern __shared__ uint4 flow_smem[];
+__shared__ int flow_st_claim[2 * kMaxUnits];  // the layer slot + 1 a warp of the block took unit [k - 1][q] for
+__shared__ int flow_st_done[2 * kMaxUnits];   // the layer slot + 1 whose unit [k - 1][q] is in shared memory
+
+// What every task reads (a: the kernel's parameter, by reference: its fields from the parameter space at each use).
+struct FlowCtx {
+    const PersistLayerDev* layers;
+    const PersistArgs& a;
+    int first, cpg, lane;
+    bool int4;
+    // The shape, from the parameters at each use (fewer registers live across the stream).
+    __device__ __forceinline__ FlowShape s() const { return flow_shape(int4, a.hidden, a.inter); }
+    __device__ __forceinline__ int* layer_ints(int l) const { return a.counters + kFlowHead + l * kFlowLayerInts; }
+    __device__ __forceinline__ uint4* xs0() const { return flow_smem; }
+    __device__ __forceinline__ uint4* xs1() const { return flow_smem + a.hidden / 8; }
+    __device__ __forceinline__ float2* xc1() const { return reinterpret_cast<float2*>(flow_smem + a.hidden / 4); }
+    template <bool INT4>
+    __device__ __forceinline__ uint4* xs2() const {
+        return flow_smem + a.hidden / 4 + (INT4 ? a.hidden / 64 : 0);
+    }
+};
+
+// Unit q of op k's input (k = 1 gate+up: xg from o; k = 2 down: act from gate+up), layer slot l of the launch, in
+// the block's shared memory when it returns (every lane of the warp calls it). Returns the ns lane 0 waited.
+template <bool INT4, int k>
+__device__ __forceinline__ uint64_t flow_unit(const FlowCtx& c, int q, int l) {
+    const int e = l + 1, j = (k - 1) * kMaxUnits + q;
+    volatile int* done = flow_st_done + j;
+    int role = 0;  // 0: there, 1: this warp copies it, 2: another warp does
+    if (c.lane == 0 && *done != e) role = atomicMax(flow_st_claim + j, e) < e ? 1 : 2;
+    role = __shfl_sync(0xffffffffu, role, 0);
+    if (role == 0) return 0;
+    uint64_t waited = 0;
+    if (role == 1) {
+        const int uc = unit_cols(INT4);
+        if (c.lane == 0) {
+            const int target = k == 1 ? tiles_in_unit(q, 2, c.s().to, uc) : tiles_in_unit(q, c.s().rpt1, c.s().tg, uc);
+            waited = lane0_wait(c.layer_ints(l) + (k - 1) * kMaxUnits + q, target, c.a.error, wait_code(l, k));
+        }
+        __syncwarp();
+        const int cols = k == 1 ? c.a.hidden : c.a.inter, n16 = cols >> 3, chunks = cols >> 5;
+        const uint4* src = reinterpret_cast<const uint4*>(k == 1 ? c.a.xg : c.a.act);
+        uint4* xs = k == 1 ? c.xs1() : c.xs2<INT4>();
+        if constexpr (INT4) {
+#pragma unroll 1
+            for (int m = 0; m < 4; ++m) {  // 128 pieces = 32 chunks of 4 pieces; lanes 4i .. 4i + 3: one chunk
+                const int i = q * 128 + m * 32 + c.lane;
+                const bool in = i < n16;
+                const uint4 v = in ? __ldcg(src + i) : make_uint4(0, 0, 0, 0);
+                if constexpr (k == 1) {  // whole warps shuffle
+                    float sx;
+                    int sum;
+                    const uint4 o = x_piece_to_i16(v, sx, sum);
+                    if (in) {
+                        xs[(i & 3) * chunks + (i >> 2)] = o;
+                        if ((i & 3) == 0) c.xc1()[i >> 2] = make_float2(sx, __int_as_float(sum));
+                    }
+                } else if (in) {
+                    xs[(i & 3) * chunks + (i >> 2)] = v;
+                }
+            }
+        } else {
+            const int i = q * kUnitChunks + c.lane;
+            if (i < n16) xs[i] = __ldcg(src + i);
+        }
+        __syncwarp();
+        if (c.lane == 0) {
+            __threadfence_block();
+            *done = e;
+        }
+    } else if (c.lane == 0) {
+        const uint64_t t0 = globaltimer();
+        uint64_t t = t0;
+        while (*done != e) {
+            if (*reinterpret_cast<volatile int*>(c.a.error) != 0) break;
+            t = globaltimer();
+            if (t - t0 > kWaitTimeoutNs) {
+                atomicCAS(c.a.error, 0, wait_code(l, k));
+                break;
+            }
+        }
+        __threadfence_block();
+        waited = t - t0;
+    }
+    __syncwarp();
+    return waited;
+}
+
+// inv of layer slot l (lane 0 waits for every o unit's sum of squares; the warp sums them in order).
+__device__ __forceinline__ float flow_inv(const FlowCtx& c, int l, uint64_t& waited) {
+    int* li = c.layer_ints(l);
+    if (c.lane == 0) waited += lane0_wait(li + 3 * kMaxUnits, c.s().uo, c.a.error, wait_code(l, 1));
+    __syncwarp();
+    const float* unitp = c.a.partials + c.s().to;
+    float v = c.lane < c.s().uo ? __ldcg(unitp + c.lane) : 0.0f;
+    for (int q = c.lane + 32; q < c.s().uo; q += 32) v += __ldcg(unitp + q);
+    return rsqrtf(warp_sum(v) / static_cast<float>(c.a.hidden) + c.a.eps);
+}
+
+// One tile t of op K (0 o, 1 gate+up, 2 down) of layer slot l, its first item in flight in g; tn >= 0: the warp's
+// next tile is tile tn of the same op and layer, whose first item this tile's last item refills (else the caller
+// loads the next task's first item). inv: gate+up's cached factor (inv_l: the layer slot it is for).
+template <bool INT4, int K>
+__device__ __forceinline__ void flow_tile(const FlowCtx& c, int l, int t, int tn, Regs& g, float& inv, int& inv_l,
+                                          uint64_t& waited) {
+    constexpr int R = (K == 1 && INT4) ? 4 : 2, U = kSlots / R;
+    constexpr bool I16 = INT4 && K == 1;
+    const int H = c.a.hidden, F = c.a.inter, lane = c.lane, cpg = c.cpg, uc = unit_cols(INT4);
+    const PersistLayerDev& L = c.layers[c.first + l];
+    const Op op = op_of<INT4>(L, K, K == 1 ? 2 * F : H, K == 2 ? F : H, cpg);
+    const uint4* xs = K == 0 ? c.xs0() : K == 1 ? c.xs1() : c.xs2<INT4>();
+    const int chunks = op.chunks, batches = batches_of<R, U>(op), sshift = cpg < 2 ? cpg : 2;
+    Rows<INT4, R> src;
+    src.point(op, t);
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[r] = 0.0f;
+    for (int b = 0; b < batches; ++b) {
+        const bool last = b + 1 == batches;
+        const int bn = last ? 0 : b + 1;
+        const bool more = !last || tn >= 0;
+        if (last && tn >= 0) src.point(op, tn);
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int q = b * U + u;
+            const int cc = lane + 32 * q, cn = lane + 32 * (bn * U + u);
+            if (K != 0 && q * 32 < chunks) waited += flow_unit<INT4, K>(c, q, l);
+            if (cc < chunks) {
+                if constexpr (INT4) {
+                    uint4 xr[4];
+#pragma unroll
+                    for (int j = 0; j < 4; ++j) xr[j] = xs[j * chunks + cc];
+                    if constexpr (I16) {
+                        const float2 xcc = c.xc1()[cc];
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+                            acc[r] = chunk_dot_i16(g.q[u * R + r], g.s[u * R + r], g.z[u * R + r], xr, xcc, acc[r]);
+                    } else {
+#pragma unroll
+                        for (int r = 0; r < R; ++r)
+                            acc[r] = chunk_dot(g.q[u * R + r], g.s[u * R + r], g.z[u * R + r], xr, acc[r]);
+                    }
+                } else {
+                    const uint4 xr = xs[cc];
+#pragma unroll
+                    for (int r = 0; r < R; ++r) acc[r] += dot8(g.q[u * R + r], xr);
+                }
+            }
+            const bool in_next = more && cn < chunks;
+            const int slot_next = INT4 ? (in_next ? int4_chunk_slot(cn, chunks, sshift) : 0) : cn;
+#pragma unroll
+            for (int r = 0; r < R; ++r)
+                src.load(r, cn, slot_next, cpg, in_next, g.q[u * R + r], g.s[u * R + r], g.z[u * R + r]);
+            if constexpr (I16) __syncwarp();
+        }
+    }
+    float sum[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sum[r] = warp_sum(acc[r]);
+    int* li = c.layer_ints(l);
+    if constexpr (K == 1) {
+        if (inv_l != l) {
+            inv = flow_inv(c, l, waited);
+            inv_l = l;
+        }
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < R; r += 2)
+                c.a.act[(t * R + r) >> 1] = __float2half_rn(epi_silu_mul(sum[r] * inv, sum[r + 1] * inv));
+            __threadfence();
+            atomicAdd(li + kMaxUnits + (t * c.s().rpt1) / uc, 1);
+        }
+        return;
+    } else {
+        const int row0 = t * R, q = row0 / uc;
+        if (K == 0 && l > 0 && lane == 0)  // x[rows] of the previous layer's down
+            waited += lane0_wait(c.layer_ints(l - 1) + 2 * kMaxUnits + q, tiles_in_unit(q, 2, c.s().td, uc), c.a.error,
+                                 wait_code(l, 0));
+        int old = 0;
+        if (lane == 0) {
+            const float* gv = K == 0 ? L.g_mlp : L.g_next;
+            float sq = 0.0f;
+#pragma unroll
+            for (int r = 0; r < R; ++r) {
+                const int row = row0 + r;
+                const float v = __ldcg(c.a.x + row) + sum[r];
+                __stcg(c.a.x + row, v);
+                c.a.xg[row] = __float2half_rn(v * __ldg(gv + row));
+                sq += v * v;
+            }
+            __stcg(c.a.partials + (K == 0 ? 0 : c.s().to + kMaxUnits) + t, sq);  // o: [to], down: past the units
+            __threadfence();
+            old = atomicAdd(li + (K == 0 ? 0 : 2 * kMaxUnits) + q, 1);
+        }
+        if constexpr (K == 0) {  // the tile that completes an o unit sums the unit's squares
+            old = __shfl_sync(0xffffffffu, old, 0);
+            const int n = tiles_in_unit(q, 2, c.s().to, uc), t0 = q * uc / 2;
+            if (old == n - 1) {
+                __threadfence();
+                float v = 0.0f;
+                for (int i = lane; i < n; i += 32) v += __ldcg(c.a.partials + t0 + i);
+                v = warp_sum(v);
+                if (lane == 0) {
+                    __stcg(c.a.partials + c.s().to + q, v);
+                    __threadfence();
+                    atomicAdd(li + 3 * kMaxUnits, 1);
+                }
+            }
+        }
+    }
+}
+
+// Task n of the launch: layer slot, op, tile.
+struct Task {
+    int l, k, t;
+};
+__device__ __forceinline__ Task task_of(const FlowShape& s, int n) {
+    Task r;
+    r.l = n / s.per_layer;
+    int i = n - r.l * s.per_layer;
+    if (i < s.to) return r.k = 0, r.t = i, r;
+    i -= s.to;
+    if (i < s.tg) return r.k = 1, r.t = i, r;
+    return r.k = 2, r.t = i - s.tg, r;
+}
+
+template <bool INT4>
+__device__ __forceinline__ void load_task(const FlowCtx& c, const Task& tk, Regs& g) {
+    const PersistLayerDev& L = c.layers[c.first + tk.l];
+    const int H = c.a.hidden, F = c.a.inter;
+    if (tk.k == 0) load_first<INT4, 2, 4>(op_of<INT4>(L, 0, H, H, c.cpg), c.cpg, tk.t, c.lane, g);
+    else if (tk.k == 1)
+        load_first<INT4, INT4 ? 4 : 2, INT4 ? 2 : 4>(op_of<INT4>(L, 1, 2 * F, H, c.cpg), c.cpg, tk.t, c.lane, g);
+    else load_first<INT4, 2, 4>(op_of<INT4>(L, 2, H, F, c.cpg), c.cpg, tk.t, c.lane, g);
+}
+
+template <bool INT4, bool TRACE>
+__global__ void __launch_bounds__(kThreads, kBlocksPerSm)
+    flow_tail_kernel(const PersistLayerDev* __restrict__ layers, int first, int count, PersistArgs a, int cpg) {
+    __shared__ int last_out;
+    const int H = a.hidden;
+    const FlowCtx c{layers, a, first, cpg, static_cast<int>(threadIdx.x & 31), INT4};
+    const int gw = blockIdx.x * kW + (threadIdx.x >> 5), gws = gridDim.x * kW;
+    const int total = count * c.s().per_layer;
+    for (int i = threadIdx.x; i < 2 * kMaxUnits; i += kThreads) flow_st_claim[i] = 0, flow_st_done[i] = 0;
+
+    Regs g;
+#pragma unroll
+    for (int k = 0; k < kSlots; ++k) g.q[k] = make_uint4(0, 0, 0, 0), g.s[k] = 0, g.z[k] = 0;
+    int cur = gw, nxt = gw + gws;
+    if (cur < total) load_task<INT4>(c, task_of(c.s(), cur), g);
+    pdl_trigger();
+    pdl_wait();
+    copy_input<INT4>(c.xs0(), a.att, H);
+    __syncthreads();
+
+    float inv = 0.0f;
+    int inv_l = -1;
+    int* claim = a.counters;
+    while (cur < total) {
+        int cl = 0;
+        if (c.lane == 0) cl = atomicAdd(claim, 1);  // the task after nxt; used at the next iteration's end
+        uint64_t t_start = 0, waited = 0;
+        if constexpr (TRACE) t_start = globaltimer();
+        const Task tk = task_of(c.s(), cur);
+        Task tn{-1, -1, -1};
+        if (nxt < total) tn = task_of(c.s(), nxt);
+        // late_regs: no refill across tiles, the next task's first item is loaded after the tile's signal (so that
+        // lane 0's fence does not wait for those loads); else the same op's next tile is refilled by the last item.
+        const int same = (!a.late_regs && tn.l == tk.l && tn.k == tk.k) ? tn.t : -1;
+        if (tk.k == 0) flow_tile<INT4, 0>(c, tk.l, tk.t, same, g, inv, inv_l, waited);
+        else if (tk.k == 1) flow_tile<INT4, 1>(c, tk.l, tk.t, same, g, inv, inv_l, waited);
+        else flow_tile<INT4, 2>(c, tk.l, tk.t, same, g, inv, inv_l, waited);
+        if (nxt < total && same < 0) load_task<INT4>(c, tn, g);
+        if constexpr (TRACE) {
+            if (c.lane == 0 && first + tk.l < a.trace_layers) {
+                const int per = c.s().per_layer;
+                uint64_t* tr = a.trace + (static_cast<size_t>(first + tk.l) * per + (cur - tk.l * per)) * 3;
+                tr[0] = t_start;
+                tr[1] = globaltimer();
+                tr[2] = waited;
+            }
+        }
+        cur = nxt;
+        nxt = 2 * gws + __shfl_sync(0xffffffffu, cl, 0);
+    }
+
+    // The last block out zeroes the counters for the next launch (which reads them only after this grid completes).
+    __syncthreads();
+    if (threadIdx.x == 0) last_out = atomicAdd(a.counters + 1, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (last_out) {
+        const int n = kFlowHead + count * kFlowLayerInts;
+        for (int i = threadIdx.x; i < n; i += kThreads) a.counters[i] = 0;
+        __threadfence();
+    }
+}
+
 __global__ void standin_kernel(uint32_t* sink, int64_t ns) {
     pdl_wait();
     pdl_trigger();
@@ -551,6 +935,13 @@ int blocks_for(int hidden, int inter) {
         QUEST_REQUIRE(per_sm_of(f, hidden, inter) >= use,
                       "persist_blocks: a traced / run-ahead / late form fits fewer blocks per SM than the plain one");
     return sm_count() * use;
+}
+
+using FlowKernel = void (*)(const PersistLayerDev*, int, int, PersistArgs, int);
+FlowKernel flow_kernel_of(bool int4, bool trace) {
+    static const FlowKernel table[4] = {flow_tail_kernel<false, false>, flow_tail_kernel<false, true>,
+                                        flow_tail_kernel<true, false>, flow_tail_kernel<true, true>};
+    return table[(int4 ? 2 : 0) + (trace ? 1 : 0)];
 }
 
 }  // namespace
@@ -630,6 +1021,84 @@ std::string persist_error_text(int code) {
 void persist_standin(uint32_t* sink, int blocks, int threads, int64_t ns, cudaStream_t stream) {
     QUEST_REQUIRE(sink && blocks > 0 && threads > 0 && threads <= 1024 && ns >= 0, "persist_standin: bad arguments");
     launch_pdl(standin_kernel, dim3(blocks), dim3(threads), 0, stream, sink, ns);
+}
+
+
+size_t persist_flow_smem(bool int4, int hidden, int inter) {
+    return (static_cast<size_t>(hidden) / 4 + (int4 ? hidden / 64 : 0) + inter / 8) * 16;
+}
+size_t persist_flow_counter_ints(int count) { return kFlowHead + static_cast<size_t>(count) * kFlowLayerInts; }
+size_t persist_flow_partial_floats(int hidden) { return static_cast<size_t>(hidden) + kMaxUnits; }
+int persist_flow_tasks(bool int4, int hidden, int inter) { return flow_shape(int4, hidden, inter).per_layer; }
+
+void persist_flow_tails(bool int4, const PersistLayerDev* layers, int first, int count, const PersistArgs& a,
+                        cudaStream_t stream) {
+    QUEST_REQUIRE(layers && first >= 0 && count >= 1, "persist_flow_tails: bad layer range");
+    QUEST_REQUIRE(a.att && a.x && a.xg && a.act && a.partials && a.counters && a.error,
+                  "persist_flow_tails: missing buffers");
+    const int uc = unit_cols(int4);
+    QUEST_REQUIRE(a.hidden > 0 && a.hidden % uc == 0 && a.inter > 0 && a.inter % 32 == 0,
+                  "persist_flow_tails: hidden must be a multiple of 1024 (int4) / 256 (FP16), inter of 32");
+    const FlowShape fs = flow_shape(int4, a.hidden, a.inter);
+    QUEST_REQUIRE(fs.uo <= kMaxUnits && fs.ua <= kMaxUnits, "persist_flow_tails: more than kMaxUnits units per op");
+    QUEST_REQUIRE(static_cast<int64_t>(count) * fs.per_layer + 4 * 2048 * kW < (int64_t(1) << 31),
+                  "persist_flow_tails: too many tasks for the int claim counter");
+    QUEST_REQUIRE(is_aligned(a.att, 16) && is_aligned(a.xg, 16) && is_aligned(a.act, 16),
+                  "persist_flow_tails: att, xg and act must be 16-byte aligned");
+    int cpg = 0;
+    if (int4) {
+        QUEST_REQUIRE(a.group >= 32 && (a.group & (a.group - 1)) == 0 && a.hidden % a.group == 0 &&
+                          a.inter % a.group == 0,
+                      "persist_flow_tails: the group must be a power of two >= 32 dividing hidden and inter");
+        while ((32 << cpg) < a.group) ++cpg;
+    }
+    const size_t smem = persist_flow_smem(int4, a.hidden, a.inter);
+    QUEST_REQUIRE(smem + 2 * kMaxUnits * 8 + 256 <= 48 * 1024, "persist_flow_tails: x does not fit in 48 KB");
+    const int G = persist_flow_blocks(int4, a.hidden, a.inter);
+    QUEST_REQUIRE(static_cast<size_t>(a.partials_capacity) >= persist_flow_partial_floats(a.hidden),
+                  "persist_flow_tails: partials_capacity < persist_flow_partial_floats(hidden)");
+    QUEST_REQUIRE(static_cast<size_t>(a.counters_capacity) >= persist_flow_counter_ints(count),
+                  "persist_flow_tails: counters_capacity < persist_flow_counter_ints(count)");
+    QUEST_REQUIRE(!a.trace || first + count <= a.trace_layers, "persist_flow_tails: trace_layers < first + count");
+    launch_pdl(flow_kernel_of(int4, a.trace != nullptr), dim3(G), dim3(kThreads), smem, stream, layers, first, count,
+               a, cpg);
+}
+
+int persist_flow_blocks(bool int4, int hidden, int inter) {
+    thread_local int cached[2] = {0, 0}, cached_h[2] = {0, 0}, cached_f[2] = {0, 0}, cached_dev[2] = {-1, -1};
+    int dev = 0;
+    CUDA_CHECK(cudaGetDevice(&dev));
+    const int k = int4 ? 1 : 0;
+    if (cached[k] == 0 || cached_h[k] != hidden || cached_f[k] != inter || cached_dev[k] != dev) {
+        const size_t smem = persist_flow_smem(int4, hidden, inter);
+        int use = kBlocksPerSm;
+        for (bool trace : {false, true}) {
+            int per_sm = 0;
+            CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, flow_kernel_of(int4, trace), kThreads,
+                                                                     smem));
+            QUEST_REQUIRE(per_sm >= 1, "persist_flow_blocks: the kernel does not fit on an SM");
+            use = std::min(use, per_sm);
+        }
+        cached[k] = sm_count() * use;
+        cached_h[k] = hidden;
+        cached_f[k] = inter;
+        cached_dev[k] = dev;
+    }
+    return cached[k];
+}
+
+std::string persist_flow_kernel_info(bool int4, int hidden, int inter) {
+    std::string r;
+    for (bool trace : {false, true}) {
+        cudaFuncAttributes fa{};
+        CUDA_CHECK(cudaFuncGetAttributes(&fa, flow_kernel_of(int4, trace)));
+        int per_sm = 0;
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, flow_kernel_of(int4, trace), kThreads,
+                                                                 persist_flow_smem(int4, hidden, inter)));
+        r += std::string(trace ? ", traced " : "plain ") + std::to_string(fa.numRegs) + " registers / " +
+             std::to_string(fa.localSizeBytes) + " B local, " + std::to_string(per_sm) + " blocks per SM";
+    }
+    return r + ", " + std::to_string(persist_flow_smem(int4, hidden, inter)) + " B dynamic shared memory";
 }
 
 }  // namespace quest::bench

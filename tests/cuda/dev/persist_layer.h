@@ -83,6 +83,20 @@ std::string persist_kernel_info(bool int4, int hidden, int inter);
 // What a nonzero error code says (op and layer of the wait that timed out).
 std::string persist_error_text(int code);
 
+// Round 3, the "flow" form (persist_layer.cu says how it works): no per-op grid barrier, dependencies per unit of
+// 1024 (int4) / 256 (FP16) rows, tiles claimed from an atomic counter, the norm before gate+up deferred to its
+// epilogue. Same arguments as persist_layer_tails; partials and counters sized by the functions below (a.ahead and
+// a.light_signal unused; a.late_regs: the next task's first item loaded after each tile's signal; a.trace:
+// [trace_layers][persist_flow_tasks()][3] of start ns, end ns, ns waited, per task, by globaltimer).
+int persist_flow_blocks(bool int4, int hidden, int inter);
+int persist_flow_tasks(bool int4, int hidden, int inter);  // tasks (tiles) per layer tail
+size_t persist_flow_smem(bool int4, int hidden, int inter);
+size_t persist_flow_counter_ints(int count);
+size_t persist_flow_partial_floats(int hidden);
+void persist_flow_tails(bool int4, const PersistLayerDev* layers, int first, int count, const PersistArgs& a,
+                        cudaStream_t stream);
+std::string persist_flow_kernel_info(bool int4, int hidden, int inter);
+
 // Stand-in for the attention phase of a layer, during which DRAM is idle: `blocks` blocks of `threads` threads that
 // wait on the previous kernel, let the next one be scheduled (pdl_trigger, as the sparse attention does right after its
 // wait), then spin for `ns` nanoseconds without memory traffic; sink[block] gets the spin count.
