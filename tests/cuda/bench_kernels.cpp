@@ -3,11 +3,9 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [persist] [--json FILE]   (no section
-//   named: all of them but persist, which runs only when named; read: read-only ceilings at the GEMVs' byte counts;
-//   codes: only the page-codes part of quest; fused: one layer's GEMVs with and without the fused epilogues;
-//   persist: issue 27's persistent layer-tail prototype, tests/cuda/dev/bench_persist.cpp, exit status 1 when its
-//   comparison fails). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
+//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named:
+//   all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of quest; fused:
+//   one layer's GEMVs with and without the fused epilogues). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
 //   name contains the text (e.g. one kernel and shape under Nsight Compute).
 #include <algorithm>
 #include <cmath>
@@ -28,7 +26,6 @@
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
 #include "tests/cuda/bench_read.h"
-#include "tests/cuda/dev/persist_layer.h"
 
 using namespace quest;
 
@@ -537,9 +534,7 @@ int main(int argc, char** argv) {
         if (std::strcmp(argv[i], "--json") == 0 && i + 1 < argc) json = argv[++i];
         else what.push_back(argv[i]);
     }
-    auto named = [&](const char* w) { return std::find(what.begin(), what.end(), w) != what.end(); };
-    auto want = [&](const char* w) { return what.empty() || named(w); };
-    bool failed = false;
+    auto want = [&](const char* w) { return what.empty() || std::find(what.begin(), what.end(), w) != what.end(); };
     try {
         if (want("gemv")) bench_gemv();
         if (want("gemv4")) bench_gemv_int4();
@@ -548,7 +543,6 @@ int main(int argc, char** argv) {
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
         if (want("quest") || want("codes")) bench_quest_codes();
-        if (named("persist")) failed = !bench::bench_persist(g_json);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
@@ -560,5 +554,5 @@ int main(int argc, char** argv) {
         std::fprintf(f, "]\n");
         std::fclose(f);
     }
-    return failed ? 1 : 0;
+    return 0;
 }
