@@ -89,9 +89,6 @@ private:
     ActivationObserver observer_;
 };
 
-// The CPU reference backend over a model's weights (read into fp32: a folder's safetensors, a GGUF file dequantized). Before anything is read, the memory plan
-// (model/core/memory.h) is checked against `memory_limit` bytes (0: the host's available memory): ResourceError with the
-// numbers when it does not fit.
 // The page selection's arguments for layer `layer` of `cache`: query qt (num_heads x head_dim) at length len, keys
 // before `window_start` outside the window, scores scaled by `scale`, the rest from the settings. What the CPU backend
 // passes to select_blocks_ref; the tensor-parallel emulation (tests/test_tensor_parallel.cpp) builds each rank's the
@@ -99,6 +96,9 @@ private:
 QuestSelectArgs quest_select_args(const QuestSettings& q, const KvCache& cache, int layer, const float* qt,
                                   int num_heads, int num_kv_heads, int head_dim, int len, int window_start, float scale);
 
+// The CPU reference backend over a model's weights (read into fp32: a folder's safetensors, a GGUF file dequantized). Before anything is read, the memory plan
+// (model/core/memory.h) is checked against `memory_limit` bytes (0: the host's available memory): ResourceError with the
+// numbers when it does not fit.
 std::unique_ptr<Backend> make_cpu_backend(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                           size_t memory_limit = 0);
 
