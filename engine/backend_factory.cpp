@@ -12,6 +12,7 @@
 #include "model/io/weights.h"
 #ifdef QUEST_HAVE_CUDA
 #include "model/cuda/llama_cuda.h"
+#include "model/cuda/tp_llama.h"
 #endif
 
 namespace quest {
@@ -32,8 +33,10 @@ std::unique_ptr<Backend> make_cpu_backend_int4(const ModelFolder& model, const B
     throw InputError("--backend cuda: this build has no CUDA backend (configure on a machine with nvcc, "
                      "-DQUEST_CUDA=ON)");
 }
-void check_kind(const std::string& k) {
-    if (k != "cpu" && k != "cuda") throw InputError("--backend: expected cpu or cuda, got '" + k + "'");
+void check_kind(const BackendOptions& o) {
+    if (o.kind != "cpu" && o.kind != "cuda") throw InputError("--backend: expected cpu or cuda, got '" + o.kind + "'");
+    if (o.tp != 1 && o.kind != "cuda")
+        throw InputError("--tp " + std::to_string(o.tp) + ": tensor parallelism runs on --backend cuda");
 }
 #ifdef QUEST_HAVE_CUDA
 CudaOptions cuda_options(const BackendOptions& o) {
@@ -47,6 +50,11 @@ CudaOptions cuda_options(const BackendOptions& o) {
     c.weights = o.weights;
     return c;
 }
+TpSetup tp_setup(const BackendOptions& o) {
+    TpSetup s;
+    s.ranks = o.tp;
+    return s;
+}
 #endif
 }  // namespace
 
@@ -59,12 +67,13 @@ bool cuda_backend_built() {
 }
 
 std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendOptions& o) {
-    check_kind(o.kind);
+    check_kind(o);
     // Before any memory plan: a config claiming more layers than the checkpoint holds names the missing tensor.
     check_model_tensors(model);
     if (o.kind == "cpu" && int4_on_load(model, o)) return make_cpu_backend_int4(model, o);
     if (o.kind == "cpu") return make_cpu_backend(model, o.quest, o.capacity, o.memory_limit);
 #ifdef QUEST_HAVE_CUDA
+    if (o.tp > 1) return TpCudaLlama::from_folder(model, o.quest, o.capacity, cuda_options(o), tp_setup(o));
     return CudaLlama::from_folder(model, o.quest, o.capacity, cuda_options(o));
 #else
     no_cuda();
@@ -72,7 +81,7 @@ std::unique_ptr<Backend> create_backend(const ModelFolder& model, const BackendO
 }
 
 std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64_t seed, const BackendOptions& o) {
-    check_kind(o.kind);
+    check_kind(o);
     if (o.kind == "cpu") {
         // Same distributions as `quest make-model`, built in memory (after the memory plan is checked).
         check_cpu_memory(config, o.quest, o.capacity, o.memory_limit);
@@ -89,6 +98,7 @@ std::unique_ptr<Backend> create_random_backend(const ModelConfig& config, uint64
         return b;
     }
 #ifdef QUEST_HAVE_CUDA
+    if (o.tp > 1) return TpCudaLlama::random(config, o.quest, o.capacity, seed, cuda_options(o), tp_setup(o));
     return CudaLlama::random(config, o.quest, o.capacity, seed, cuda_options(o));
 #else
     no_cuda();

@@ -24,13 +24,14 @@ struct BackendOptions {
     size_t memory_limit = 0;    // --memory-limit: bytes the memory plan may use (0: what the device has free; cpu: host)
     int prefill_chunk = 2048;   // --prefill-chunk: cuda: tokens per prefill chunk
     bool profile = false;       // bench --breakdown: cuda: time the decode step's kernel groups (eager launches)
+    int tp = 1;                 // --tp: cuda: tensor parallel over this many GPUs (model/cuda/tp_llama.h, NCCL)
     // Linear layers (kernels/linear/format.h): as stored, FP16, or int4 with a group (settings `weights` and
     // `int4_group`; bench --weights sets both per row). The CPU backend always computes in fp32 on the
     // (de)quantized values.
     WeightRequest weights;
 };
-// Every backend setting once (model/core/settings_table.h): backend, graph, fused_norms, quest_fused, memory_limit,
-// prefill_chunk, weights, int4_group.
+// Every backend setting once (model/core/settings_table.h): backend, tp, graph, fused_norms, quest_fused,
+// memory_limit, prefill_chunk, weights, int4_group.
 const std::vector<Setting<BackendOptions>>& backend_settings_table();
 
 bool cuda_backend_built();

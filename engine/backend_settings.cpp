@@ -2,6 +2,7 @@
 #include <limits>
 
 #include "engine/backend_factory.h"
+#include "model/core/tensor_parallel.h"
 
 namespace quest {
 
@@ -32,6 +33,11 @@ std::vector<Entry> make_table() {
                [](BackendOptions& o, double v) { o.kind = kinds[static_cast<size_t>(v)]; }};
     kind.choices = kinds;
     t.push_back(kind);
+    Entry tp = member("tp", "--tp", K::Int, &BackendOptions::tp,
+                      "cuda: tensor parallel over this many GPUs of the host (NCCL; it must divide the model's KV heads; "
+                      "docs/tensor_parallel.md)");
+    tp.min = 1, tp.max = kMaxTpRanks;
+    t.push_back(tp);
     // A Bool's flag sets the opposite of the default: --no-graph.
     t.push_back(member("graph", "--no-graph", K::Bool, &BackendOptions::graph,
                        "cuda: launch the decode step kernel by kernel instead of a CUDA graph"));

@@ -157,13 +157,18 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
                 row.metadata_bytes = model_bytes.second;
             }
             row.gbps = static_cast<double>(row.bytes) / (row.ms.p50 * 1e-3) / 1e9;
+            row.gpus = o.kind == "cuda" ? o.tp : 1;
             // cuda: the device memory held (peak); cpu: the host memory of its plan (weights + KV + metadata +
             // activations, model/core/memory.h).
             row.device_memory = b->device_memory_bytes() + b->host_memory_bytes();
             if (const std::string report = b->profile_report(); !report.empty()) progress(report);
             rows.push_back(row);
             char line[200];
-            std::snprintf(line, sizeof line, "  decode: p50 %.3f ms/token, %.0f GB/s", row.ms.p50, row.gbps);
+            if (row.gpus > 1)
+                std::snprintf(line, sizeof line, "  decode: p50 %.3f ms/token, %.0f GB/s over %d GPUs (%.0f GB/s each)",
+                              row.ms.p50, row.gbps, row.gpus, row.gbps / row.gpus);
+            else
+                std::snprintf(line, sizeof line, "  decode: p50 %.3f ms/token, %.0f GB/s", row.ms.p50, row.gbps);
             progress(line);
         }
     }
@@ -173,9 +178,9 @@ std::vector<BenchRow> run_bench(const BenchRequest& r, const std::function<void(
 std::string bench_table(const std::vector<BenchRow>& rows) {
     std::ostringstream o;
     char buf[256];
-    std::snprintf(buf, sizeof buf, "%-7s %-9s %-16s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s %11s %11s %8s\n", "backend",
+    std::snprintf(buf, sizeof buf, "%-7s %-9s %-16s %8s %7s %9s %9s %9s %9s %9s %9s %9s %10s %11s %11s %8s %4s\n", "backend",
                   "weights", "policy", "context", "budget", "p50_ms", "p90_ms", "p99_ms", "mean_ms", "tok/s", "GB/step", "GB/s",
-                  "prefill_s", "attn_KiB", "meta_KiB", "mem_GiB");
+                  "prefill_s", "attn_KiB", "meta_KiB", "mem_GiB", "gpus");
     o << buf;
     for (const BenchRow& r : rows) {
         // cuda: device memory the backend held (its peak); cpu: host memory of the plan.
@@ -184,11 +189,11 @@ std::string bench_table(const std::vector<BenchRow>& rows) {
             std::snprintf(mem_buf, sizeof mem_buf, "%.2f", static_cast<double>(r.device_memory) / (1ull << 30));
         const std::string mem = mem_buf;
         std::snprintf(buf, sizeof buf,
-                      "%-7s %-9s %-16s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f %11.1f %11.1f %8s\n",
+                      "%-7s %-9s %-16s %8d %7s %9.3f %9.3f %9.3f %9.3f %9.1f %9.3f %9.0f %10.2f %11.1f %11.1f %8s %4d\n",
                       r.backend.c_str(), r.weights.c_str(), r.selector.c_str(), r.context,
                       r.budget ? std::to_string(r.budget).c_str() : "full", r.ms.p50, r.ms.p90, r.ms.p99, r.ms.mean,
                       r.tokens_per_s, r.bytes / 1e9, r.gbps, r.prefill_s, r.attention_bytes / 1024.0,
-                      r.metadata_bytes / 1024.0, mem.c_str());
+                      r.metadata_bytes / 1024.0, mem.c_str(), r.gpus);
         o << buf;
     }
 
@@ -215,19 +220,21 @@ std::string bench_json(const std::vector<BenchRow>& rows) {
                      {"metadata_bytes", r.metadata_bytes},
                      {"gbps", r.gbps},
                      {"prefill_s", r.prefill_s},
-                     {"device_memory", r.device_memory}});
+                     {"device_memory", r.device_memory},
+                     {"gpus", r.gpus},
+                     {"gbps_per_gpu", r.gbps / r.gpus}});
     return a.dump(2) + "\n";
 }
 
 std::string bench_csv(const std::vector<BenchRow>& rows) {
     std::ostringstream o;
     o << "backend,weights,context,budget,page_size,p50,p90,p99,mean,tokens_per_s,bytes,gbps,prefill_s,device_memory,"
-         "policy,attention_bytes,metadata_bytes\n";
+         "policy,attention_bytes,metadata_bytes,gpus\n";
     for (const BenchRow& r : rows)
         o << r.backend << ',' << r.weights << ',' << r.context << ',' << (r.budget ? std::to_string(r.budget) : "full")
           << ',' << r.page_size << ',' << r.ms.p50 << ',' << r.ms.p90 << ',' << r.ms.p99 << ',' << r.ms.mean << ','
           << r.tokens_per_s << ',' << r.bytes << ',' << r.gbps << ',' << r.prefill_s << ',' << r.device_memory << ','
-          << r.selector << ',' << r.attention_bytes << ',' << r.metadata_bytes << '\n';
+          << r.selector << ',' << r.attention_bytes << ',' << r.metadata_bytes << ',' << r.gpus << '\n';
     return o.str();
 }
 

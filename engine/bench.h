@@ -42,7 +42,8 @@ struct BenchRow {
     // CUDA (quest_step_bytes_model, model/core/quest_settings.h, at the mid-run position).
     double attention_bytes = 0;
     double metadata_bytes = 0;  // the metadata part of attention_bytes
-    double gbps = 0;      // bytes / p50
+    double gbps = 0;      // bytes / p50 (every GPU's reads: under --tp, gbps / gpus per GPU)
+    int gpus = 1;         // --tp
     double prefill_s = 0;
     size_t device_memory = 0;
 };

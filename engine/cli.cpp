@@ -531,14 +531,15 @@ int run_cli(int argc, char** argv) {
         "  p50_ms .. mean_ms decode step latency over --steps timed steps (after --warmup)\n"
         "  tok/s             1000 / mean_ms\n"
         "  GB/step           bytes one decode step reads: the weights (cpu: 4 bytes per parameter) + attn_KiB\n"
-        "  GB/s              GB/step / p50\n"
+        "  GB/s              GB/step / p50 (under --tp every GPU's reads: GB/s / gpus per GPU)\n"
         "  prefill_s         the prefill of the context\n"
         "  attn_KiB          attention bytes per step, every layer: dense layers' K and V, Quest layers' metadata and\n"
         "                    selected pages (model/core/step_bytes.h's bytes model, K/V counted in fp16 on both\n"
         "                    backends; cpu: counted as it reads, cuda: the model)\n"
         "  meta_KiB          the page-metadata part of attn_KiB (page bounds scored; the oracle's key pass)\n"
         "  mem_GiB           cuda: device memory held (peak); cpu: host memory of the memory plan (weights + KV cache\n"
-        "                    + metadata + activations)");
+        "                    + metadata + activations); under --tp summed over the GPUs\n"
+        "  gpus              --tp: the GPUs the model is split over (one rank each, NCCL)");
     bench->add_option("--weights", bf.weights,
                       "comma-separated linear-layer formats, rows side by side: fp16, int4 (group 128), int4-g64, ... "
                       "(FP16 checkpoints are quantized on load; --random-weights draws int4 on the device)");

@@ -75,6 +75,8 @@ void SettingsFlags::check_model(const ModelConfig& c) const {
 
 void SettingsFlags::apply_backend(BackendOptions& o) const {
     apply_table(*this, backend_settings_table(), BackendOptions{}, o);
+    if (o.tp != 1 && o.kind != "cuda")  // before any work (create_backend checks it again)
+        throw InputError("--tp " + std::to_string(o.tp) + ": tensor parallelism runs on --backend cuda");
 }
 
 BackendOptions SettingsFlags::backend(int capacity) const {

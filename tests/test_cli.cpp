@@ -112,6 +112,23 @@ TEST(Cli, BadFlagsExitTwo) {
     EXPECT_THAT(r.err, HasSubstr("--temp"));
 }
 
+// --tp on every subcommand: a number of GPUs in [1, 64], for the CUDA backend only; one line, exit 2.
+TEST(Cli, TensorParallelFlag) {
+    const auto m = small_model("cli_tp");
+    for (const char* cmd : {"generate -p hi -n 4", "bench --contexts 16 --budgets full --steps 1", "eval passkey --contexts 64 --samples 1"}) {
+        const std::string base = std::string(cmd) + " -m '" + m.string() + "' ";
+        RunResult r = run_quest(base + "--backend cpu --tp 2");
+        EXPECT_EQ(r.exit_code, 2) << cmd;
+        EXPECT_EQ(r.err, "error: --tp 2: tensor parallelism runs on --backend cuda\n") << cmd;
+        r = run_quest(base + "--tp 0");
+        EXPECT_EQ(r.exit_code, 2) << cmd;
+        EXPECT_THAT(r.err, HasSubstr("--tp")) << cmd;
+        r = run_quest(base + "--tp 65");
+        EXPECT_EQ(r.exit_code, 2) << cmd;
+        EXPECT_THAT(r.err, HasSubstr("--tp")) << cmd;
+    }
+}
+
 TEST(Cli, EmptyPromptMeansBos) {
     const auto m = small_model("cli_empty");
     const RunResult r = run_quest("generate -m '" + m.string() + "' -p '' -n 3 --temp 0");

@@ -127,12 +127,14 @@ TEST(Settings, EveryQuestSettingRoundTripsThroughJsonCliAndPolicy) {
 TEST(Settings, EveryBackendSettingReadsFromItsFlag) {
     const BackendOptions d;
     const std::map<std::string, std::string> sample = {
-        {"backend", "cuda"}, {"fused_norms", "off"}, {"memory_limit", "512MiB"}, {"prefill_chunk", "512"}};
+        {"backend", "cuda"}, {"fused_norms", "off"}, {"memory_limit", "512MiB"}, {"prefill_chunk", "512"}, {"tp", "2"}};
     for (const auto& e : backend_settings_table()) {
         if (!e.flag) continue;
         SCOPED_TRACE(e.key);
-        const BackendOptions o = e.kind == SettingKind::Bool ? backend_from_cli({e.flag})
-                                                             : backend_from_cli({e.flag, sample.at(e.key)});
+        std::vector<std::string> args = {e.flag};
+        if (e.kind != SettingKind::Bool) args.push_back(sample.at(e.key));
+        if (e.key == std::string("tp")) args.insert(args.begin(), {"--backend", "cuda"});  // --tp is for cuda only
+        const BackendOptions o = backend_from_cli(args);
         EXPECT_NE(e.get(o), e.get(d));
         if (e.kind != SettingKind::Bool) {
             BackendOptions want;
@@ -144,6 +146,8 @@ TEST(Settings, EveryBackendSettingReadsFromItsFlag) {
     EXPECT_FALSE(backend_from_cli({"--fused-norms", "off"}).fused_norms);
     EXPECT_EQ(backend_from_cli({"--memory-limit", "1GiB"}).memory_limit, size_t(1) << 30);
     EXPECT_EQ(backend_from_cli({}).prefill_chunk, 2048);
+    EXPECT_EQ(backend_from_cli({}).tp, 1);
+    EXPECT_THROW(backend_from_cli({"--tp", "2"}), InputError);  // the CPU backend
 }
 
 TEST(Settings, ErrorsNameTheFileKeyOrFlag) {

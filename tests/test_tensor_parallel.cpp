@@ -19,6 +19,12 @@
 #include "model/cpu/kv_cache.h"
 #include "model/cpu/llama_cpu.h"
 #include "model/io/model_folder.h"
+#include "model/io/quantize.h"
+#include "model/io/shard_source.h"
+#include "model/io/weight_source.h"
+#include "model/io/weights.h"
+#include "kernels/linear/quant.h"
+#include "kernels/common/dtype.h"
 #include "test_util.h"
 
 using namespace quest;
@@ -419,6 +425,128 @@ TEST(TpEmulation, Fixtures) {
             SCOPED_TRACE(name + " ranks " + std::to_string(n));
             compare(w, n, full(), 20, 6, 21);
             EXPECT_GT(compare(w, n, small_quest(), name == "mistral_swa24" ? 40 : 20, 6, 22), 0);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// The shard source (model/io/shard_source.h): what a device loader reads for rank r is cut_shard's slice.
+// ---------------------------------------------------------------------------------------------------------------
+
+namespace {
+
+std::vector<float> host_f32(const HostLinear& h) {
+    if (!h.storage.is_f16()) return dequantize_int4(h.int4);
+    std::vector<float> v(static_cast<size_t>(h.rows * h.cols));
+    convert_to_f32(h.dtype, h.data(), v.data(), v.size());
+    return v;
+}
+
+}  // namespace
+
+// Every tensor of every rank's view of a fixture checkpoint (F32, F16, BF16, Qwen2 biases, tied and untied) equals
+// the emulation's slice of the fp32 weights, exactly; whole-row slices keep the file's dtype.
+TEST(TpShardSource, SlicesEqualTheEmulationsCut) {
+    for (const std::string name : {"mha_hd64", "f16_gqa4", "bf16_gqa2", "qwen2_gqa2", "gqa8_hd64_tied"}) {
+        const ModelFolder m = open_model_folder(test::source_dir() / "tests/fixtures/hf" / name);
+        const auto w = load_model_weights_f32(m);
+        const auto full = open_weight_source(m);
+        const int ranks = m.config.num_kv_heads >= 2 ? 2 : 1;
+        const TpPlan plan = make_tp_plan(m.config, ranks);
+        for (const TpRank& r : plan.rank) {
+            SCOPED_TRACE(name + " rank " + std::to_string(r.rank));
+            const LlamaWeightsF32 want = cut_shard(w, r);
+            const ModelConfig& s = want.config;
+            const auto src = shard_weight_source(*full, m.config, r);
+            const int64_t H = s.hidden_size;
+            const int64_t emb[] = {s.vocab_size, H};
+            const HostLinear e = src->tensor(LlamaTensorNames::embed(), emb);
+            EXPECT_EQ(host_f32(e), want.embed);
+            if (!s.tie_word_embeddings) {
+                EXPECT_EQ(host_f32(src->tensor(LlamaTensorNames::lm_head(), emb)), want.lm_head);
+            }
+            const int64_t norm[] = {H};
+            EXPECT_EQ(host_f32(src->tensor(LlamaTensorNames::final_norm(), norm)), want.final_norm);
+            for (int l = 0; l < s.num_layers; ++l) {
+                const auto specs = llama_linear_specs(s, l);
+                const LayerWeightsF32& L = want.layers[l];
+                const std::vector<const std::vector<float>*> mats = {&L.wq, &L.wk, &L.wv, &L.wo, &L.w_gate, &L.w_up, &L.w_down};
+                for (size_t i = 0; i < specs.size(); ++i) {
+                    const HostLinear h = src->linear(specs[i]);
+                    EXPECT_EQ(h.rows, specs[i].rows);
+                    EXPECT_EQ(h.cols, specs[i].cols);
+                    EXPECT_EQ(host_f32(h), *mats[i]) << specs[i].prefix;
+                    if (i != 3 && i != 6) {  // row slices of a float file: its dtype, mapped
+                        EXPECT_NE(h.mapped_bytes, nullptr) << specs[i].prefix;
+                    }
+                }
+                EXPECT_EQ(host_f32(src->tensor(LlamaTensorNames::layer(l, "input_layernorm.weight"), norm)), L.attn_norm);
+                if (s.qkv_bias) {
+                    const int64_t bq[] = {s.q_dim()}, bkv[] = {s.kv_dim()};
+                    EXPECT_EQ(host_f32(src->tensor(LlamaTensorNames::layer(l, "self_attn.q_proj.bias"), bq)), L.bq);
+                    EXPECT_EQ(host_f32(src->tensor(LlamaTensorNames::layer(l, "self_attn.k_proj.bias"), bkv)), L.bk);
+                    EXPECT_EQ(host_f32(src->tensor(LlamaTensorNames::layer(l, "self_attn.v_proj.bias"), bkv)), L.bv);
+                }
+            }
+        }
+    }
+}
+
+namespace {
+
+// A checkpoint of int4 linear layers (group 32), seeded per layer name; float tensors zero.
+class Int4Source final : public WeightSource {
+public:
+    explicit Int4Source(ModelConfig c) : c_(std::move(c)) {}
+    HostLinear tensor(const std::string&, std::span<const int64_t> shape) const override {
+        const int64_t rows = shape.size() == 2 ? shape[0] : 1;
+        return HostLinear::floats(std::vector<float>(rows * shape.back(), 0.0f), rows, shape.back());
+    }
+    LinearStorage stored(const LinearSpec&) const override { return LinearStorage::int4(32); }
+    HostLinear linear(const LinearSpec& s) const override {
+        std::mt19937 rng(static_cast<unsigned>(std::hash<std::string>{}(s.prefix)));
+        std::normal_distribution<float> g(0.0f, 0.1f);
+        std::vector<float> w(s.rows * s.cols);
+        for (float& x : w) x = g(rng);
+        return HostLinear::quantized(quantize_int4(w.data(), int(s.rows), int(s.cols), 32, nullptr, 1));
+    }
+    std::string describe() const override { return "int4 test source"; }
+
+private:
+    ModelConfig c_;
+};
+
+}  // namespace
+
+// Int4 layers: row slices and column slices that keep whole groups stay int4 (the same codes, scales and zeros);
+// a column slice that splits a group is given dequantized (stored() says int4 without a group), never re-quantized.
+TEST(TpShardSource, Int4SlicesKeepWholeGroups) {
+    for (const int unit : {32, 1}) {
+        // 96 intermediate rows: in units of 32, 64 + 32 (whole groups); in rows, 48 + 48 (rank 1's start splits one).
+        const ModelConfig c = llama_shape(64, 96, 1, 4, 2, 32, 10, 64);
+        const TpPlan plan = make_tp_plan(c, 2, unit);
+        const Int4Source full(c);
+        for (const TpRank& r : plan.rank) {
+            SCOPED_TRACE("unit " + std::to_string(unit) + " rank " + std::to_string(r.rank));
+            const auto src = shard_weight_source(full, c, r);
+            const auto specs = llama_linear_specs(r.shard(c), 0), whole = llama_linear_specs(c, 0);
+            for (size_t i = 0; i < specs.size(); ++i) {
+                const bool columns = i == 3 || i == 6;
+                const std::vector<float> all = host_f32(full.linear(whole[i]));
+                const int64_t D = c.head_dim;
+                const int64_t b = i == 3 ? r.heads.begin * D : i == 6 ? r.ffn.begin : i == 0 ? r.heads.begin * D
+                                  : i < 3 ? r.kv_heads.begin * D : r.ffn.begin;
+                const int64_t n = columns ? specs[i].cols : specs[i].rows;
+                std::vector<float> want;
+                for (int64_t row = 0; row < specs[i].rows; ++row)
+                    for (int64_t col = 0; col < specs[i].cols; ++col)
+                        want.push_back(columns ? all[row * whole[i].cols + b + col] : all[(b + row) * whole[i].cols + col]);
+                const HostLinear h = src->linear(specs[i]);
+                EXPECT_EQ(host_f32(h), want) << specs[i].prefix;
+                const bool split = columns && (b % 32 != 0 || (b + n) % 32 != 0);
+                EXPECT_EQ(src->stored(specs[i]).group, split ? 0 : 32) << specs[i].prefix;
+                EXPECT_EQ(h.storage.is_f16(), split) << specs[i].prefix;
+            }
         }
     }
 }

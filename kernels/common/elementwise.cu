@@ -1,6 +1,8 @@
 #include <cstdint>
+#include <limits>
 
 #include "kernels/common/elementwise.cuh"
+
 #include "kernels/common/device_utils.cuh"
 
 namespace quest {
@@ -8,14 +10,17 @@ namespace quest {
 namespace {
 
 
-__global__ void embedding_kernel(float* out, const __half* table, const int* tokens, int dim, int vocab) {
+// Row tokens[t] - first of the table when it is one of its `rows`, else `outside` (NaN: a bad id; 0: another
+// rank's row).
+__global__ void embedding_kernel(float* out, const __half* table, const int* tokens, int dim, int first, int rows,
+                                 float outside) {
     pdl_wait();
     pdl_trigger();  // dependents may be scheduled now (they pdl_wait for this grid to complete)
     const int t = blockIdx.x;
-    const int token = tokens[t];
+    const int token = tokens[t] - first;
     float* o = out + static_cast<int64_t>(t) * dim;
-    if (token < 0 || token >= vocab) {
-        for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __int_as_float(0x7fffffff);
+    if (token < 0 || token >= rows) {
+        for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = outside;
         return;
     }
     const __half* row = table + static_cast<int64_t>(token) * dim;
@@ -155,7 +160,14 @@ int grid_for(size_t n, int threads) {
 
 void embedding(float* out, const __half* table, const int* tokens, int T, int dim, int vocab, cudaStream_t stream) {
     QUEST_REQUIRE(out && table && tokens && T > 0 && dim > 0, "embedding: bad arguments");
-    launch_pdl(embedding_kernel, dim3(T), dim3(256), 0, stream, out, table, tokens, dim, vocab);
+    launch_pdl(embedding_kernel, dim3(T), dim3(256), 0, stream, out, table, tokens, dim, 0, vocab,
+               std::numeric_limits<float>::quiet_NaN());
+}
+
+void embedding_rows(float* out, const __half* table, const int* tokens, int T, int dim, int first, int rows,
+                    cudaStream_t stream) {
+    QUEST_REQUIRE(out && table && tokens && T > 0 && dim > 0 && first >= 0 && rows > 0, "embedding_rows: bad arguments");
+    launch_pdl(embedding_kernel, dim3(T), dim3(256), 0, stream, out, table, tokens, dim, first, rows, 0.0f);
 }
 
 void rms_norm(__half* out, float* x, const float* residual, const float* w, int rows, int n, float eps,

@@ -9,6 +9,11 @@ namespace quest {
 
 // out[t][:] = float(table[tokens[t]][:]) for t < T (tokens on the device; an id outside [0, vocab) gives NaNs).
 void embedding(float* out, const __half* table, const int* tokens, int T, int dim, int vocab, cudaStream_t stream);
+// A tensor-parallel rank's rows of the table (rows [first, first + rows) of the model's): out[t][:] =
+// float(table[tokens[t] - first][:]) for an id among them, zeros for any other id (another rank's row; the ranks'
+// outputs summed are the embedding).
+void embedding_rows(float* out, const __half* table, const int* tokens, int T, int dim, int first, int rows,
+                    cudaStream_t stream);
 
 // The decode step's first norm folded into the next GEMV (kernels/linear/gemv_epilogue.h): for the one token *token,
 // x[i] = float(table[token][i]), xg[i] = fp16(x[i] * g[i]) (g: layer 0's attn_norm), *ss = sum of x[i]^2 (one

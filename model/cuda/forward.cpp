@@ -69,9 +69,9 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
         throw ResourceError("context full: " + std::to_string(pos_) + " + " + std::to_string(n) +
                             " tokens exceed the KV cache capacity of " + std::to_string(capacity_) + " tokens");
     for (int t : tokens)
-        if (t < 0 || t >= c_.vocab_size)
+        if (t < 0 || t >= token_vocab())
             throw InputError("token id " + std::to_string(t) + " outside the vocabulary [0, " +
-                             std::to_string(c_.vocab_size) + ")");
+                             std::to_string(token_vocab()) + ")");
     const int H = c_.hidden_size, F = c_.intermediate_size, V = c_.vocab_size;
     const float eps = static_cast<float>(c_.rms_norm_eps);
     const float scale = 1.0f / std::sqrt(static_cast<float>(c_.head_dim));
@@ -106,7 +106,7 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
         const int pos0 = pos_;
         CUDA_CHECK(cudaMemcpyAsync(d_tokens_.get(), tokens.data() + start, sizeof(int) * T, cudaMemcpyHostToDevice,
                                    stream_));
-        embedding(x_.get(), embed_, d_tokens_.get(), T, H, V, stream_);
+        embed_tokens(T);
         for (int l = 0; l < c_.num_layers; ++l) {
             const Layer& L = layers_[l];
             const KvLayerView kv = kv_view(l);
@@ -120,10 +120,12 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
                                     stream_);
             attention_prefill(att_.get(), q_.get(), kv, T, pos0, c_.num_heads, scale, stream_);
             linear_gemm(proj_.get(), L.o, att_.get(), T);
+            all_reduce(proj_.get(), static_cast<size_t>(T) * H);
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, T, H, eps, stream_);
             linear_gemm(gu_.get(), L.gu, xn_.get(), T);
             swiglu_interleaved(act_.get(), gu_.get(), T, F, stream_);
             linear_gemm(proj_.get(), L.down, act_.get(), T);
+            all_reduce(proj_.get(), static_cast<size_t>(T) * H);
         }
         rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, T, H, eps, stream_);
         if (all_logits) {
@@ -148,6 +150,16 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
 // ------------------------------------------------------------------------------------------------------------------
 
 void CudaLlama::mark(const char* what) { profiler_.mark(what, stream_); }
+
+void CudaLlama::embed_tokens(int T) {
+    if (!opts_.tp.collective) return embedding(x_.get(), embed_, d_tokens_.get(), T, c_.hidden_size, c_.vocab_size, stream_);
+    embedding_rows(x_.get(), embed_, d_tokens_.get(), T, c_.hidden_size, opts_.tp.vocab_begin, c_.vocab_size, stream_);
+    all_reduce(x_.get(), static_cast<size_t>(T) * c_.hidden_size);
+}
+
+void CudaLlama::all_reduce(float* data, size_t count) {
+    if (opts_.tp.collective) opts_.tp.collective->all_reduce_sum(data, count, stream_);
+}
 
 void CudaLlama::enqueue_attention(int l, float scale) {
     const KvLayerView kv = kv_view(l);
@@ -229,8 +241,8 @@ void CudaLlama::enqueue_decode_step() {
         linear_gemv_scaled(logits_.get(), lm_head_);
         mark("gemv lm_head (+norm)");
     } else {
-        embedding(x_.get(), embed_, d_tokens_.get(), 1, H, V, stream_);
-        mark("embedding");
+        embed_tokens(1);
+        mark(opts_.tp.collective ? "embedding + all-reduce" : "embedding");
         for (int l = 0; l < c_.num_layers; ++l) {
             const Layer& L = layers_[l];
             rms_norm(xn_.get(), x_.get(), l == 0 ? nullptr : proj_.get(), L.attn_norm, 1, H, eps, stream_);
@@ -241,6 +253,10 @@ void CudaLlama::enqueue_decode_step() {
             enqueue_attention(l, scale);
             linear_gemv(proj_.get(), L.o, att_.get());
             mark("gemv o");
+            if (opts_.tp.collective) {
+                all_reduce(proj_.get(), H);
+                mark("all-reduce");
+            }
             rms_norm(xn_.get(), x_.get(), proj_.get(), L.mlp_norm, 1, H, eps, stream_);
             mark("rms_norm");
             linear_gemv(gu_.get(), L.gu, xn_.get());
@@ -249,6 +265,10 @@ void CudaLlama::enqueue_decode_step() {
             mark("swiglu");
             linear_gemv(proj_.get(), L.down, act_.get());
             mark("gemv down");
+            if (opts_.tp.collective) {
+                all_reduce(proj_.get(), H);
+                mark("all-reduce");
+            }
         }
         rms_norm(xn_.get(), x_.get(), proj_.get(), final_norm_, 1, H, eps, stream_);
         mark("rms_norm");
@@ -263,7 +283,7 @@ void CudaLlama::enqueue_decode_step() {
 std::string CudaLlama::profile_report() const { return profiler_.report(); }
 
 std::span<const float> CudaLlama::decode(int token) {
-    if (token < 0 || token >= c_.vocab_size)
+    if (token < 0 || token >= token_vocab())
         throw InputError("token id " + std::to_string(token) + " outside the vocabulary");
     if (pos_ + 1 > capacity_)
         throw ResourceError("context full: the KV cache holds " + std::to_string(capacity_) + " tokens");

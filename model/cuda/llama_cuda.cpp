@@ -64,6 +64,10 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
         throw InputError("--quest-fused: the fused scoring + top-k reads fp16 metadata and K pages; it does not run "
                          "with --metadata int8|int4 or --match-bytes");
     match_ = settings_match(c, quest_);
+    if (o.tp.collective && o.graph && !o.tp.collective->capturable())
+        throw std::logic_error("CudaOptions::tp: a collective that cannot be captured needs CudaOptions::graph off");
+    if (o.tp.collective && (o.tp.vocab_begin < 0 || o.tp.vocab_begin + c.vocab_size > o.tp.vocab_size))
+        throw std::logic_error("CudaOptions::tp: the rank's vocabulary rows lie outside the model's");
     if (cuda_device_count() == 0)
         throw ResourceError("--backend cuda: no CUDA device is available on this machine");
     if (capacity < 1) throw InputError("context capacity must be >= 1");
@@ -144,6 +148,7 @@ void CudaLlama::choose_decode_path() {
     }
     check(lm_head_, xn_.get(), "lm_head");
     if (!opts_.fused_norms) why = "switched off (--fused-norms off)";
+    if (opts_.tp.collective) why = "tensor parallel: the residual adds follow the all-reduces";
     fused_decode_ = why.empty();
     if (fused_decode_) {
         if (static_cast<size_t>(partials) > norm_partials_.size())

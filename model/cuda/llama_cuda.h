@@ -20,6 +20,7 @@
 #include "kernels/select/registry_cuda.h"
 #include "kernels/common/rope.cuh"
 #include "model/core/config.h"
+#include "model/cuda/collective.h"
 #include "model/cuda/profiler.h"
 
 namespace quest {
@@ -43,6 +44,10 @@ struct CudaOptions {
     // Tests and diagnostics: after each Quest layer of a decode step, copy its selected pages and page scores to a
     // per-layer log (two device-to-device copies per Quest layer, in the graph), read by last_selection().
     bool record_selections = false;
+    // One rank of a tensor-parallel model (model/cuda/tp_llama.h): the config is the rank's shard, the embedding and
+    // lm_head its vocabulary rows, and the decode step runs the separate norm kernels (the residual adds follow the
+    // all-reduces). Default: the whole model.
+    TpRankOptions tp;
 };
 
 // One Quest layer's selection at the last decode step (CudaLlama::last_selection).
@@ -74,6 +79,8 @@ struct MemoryPlan {
 // layout: the linear layers' storage (null: uniform_linear_layout(c, o.weights)).
 MemoryPlan plan_memory(const ModelConfig& c, const QuestSettings& q, int capacity, const CudaOptions& o,
                        const LinearLayout* layout = nullptr);
+// The storage of each fused matrix of a checkpoint's layers as CudaLlama::from_source would hold it.
+LinearLayout source_linear_layout(const ModelConfig& c, const WeightSource& source, const WeightRequest& request);
 
 class CudaLlama final : public Backend {
 public:
@@ -83,6 +90,9 @@ public:
     // GGUF model's tensors are dequantized to fp32 on the host first.
     static std::unique_ptr<CudaLlama> from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts = {});
+    // The same from any weight source (a tensor-parallel rank: model/io/shard_source.h), `config` the source's.
+    static std::unique_ptr<CudaLlama> from_source(const ModelConfig& config, const WeightSource& source,
+                                                  const QuestSettings& quest, int capacity, const CudaOptions& opts = {});
     // Random FP16 (or, with opts.weights int4, int4) weights generated on the device (benchmarks of large shapes
     // without a checkpoint).
     static std::unique_ptr<CudaLlama> random(const ModelConfig& config, const QuestSettings& quest, int capacity,
@@ -134,6 +144,11 @@ private:
     void enqueue_attention(int l, float scale);  // decode: RoPE + KV append and the attention of layer l
     void choose_decode_path();   // fused_decode_ (at load: which kernels the decode step runs), partials
     void mark(const char* what);  // profiling: an event after the kernels of `what`
+    // Tensor parallelism (CudaOptions::tp): the embedding of T tokens into x_ (the rank's rows, summed over the
+    // ranks), the sum over the ranks of a row-parallel partial, and the vocabulary token ids are checked against.
+    void embed_tokens(int T);
+    void all_reduce(float* data, size_t count);
+    int token_vocab() const { return opts_.tp.collective ? opts_.tp.vocab_size : c_.vocab_size; }
 
     struct Layer {
         LinearWeight qkv;   // [q_dim + 2 kv_dim][hidden]  (q_proj | k_proj | v_proj rows)

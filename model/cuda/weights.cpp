@@ -38,6 +38,8 @@ namespace {
 // Which of llama_linear_specs' 7 matrices make up each fused device matrix (qkv, o, gate|up, down), in row order.
 const std::vector<int> kFusedParts[4] = {{0, 1, 2}, {3}, {4, 5}, {6}};
 
+}  // namespace
+
 // The storage of each fused matrix on the device (kernels/linear/format.h: choose_linear_storage from how the
 // source stores its parts).
 LinearLayout source_linear_layout(const ModelConfig& c, const WeightSource& source, const WeightRequest& request) {
@@ -55,14 +57,17 @@ LinearLayout source_linear_layout(const ModelConfig& c, const WeightSource& sour
     return g;
 }
 
-}  // namespace
-
 std::unique_ptr<CudaLlama> CudaLlama::from_folder(const ModelFolder& model, const QuestSettings& quest, int capacity,
                                                   const CudaOptions& opts) {
     const std::unique_ptr<WeightSource> source = open_weight_source(model);
-    LinearLayout layout = source_linear_layout(model.config, *source, opts.weights);
-    std::unique_ptr<CudaLlama> m(new CudaLlama(model.config, quest, capacity, opts, std::move(layout)));
-    m->load_weights(*source);
+    return from_source(model.config, *source, quest, capacity, opts);
+}
+
+std::unique_ptr<CudaLlama> CudaLlama::from_source(const ModelConfig& config, const WeightSource& source,
+                                                  const QuestSettings& quest, int capacity, const CudaOptions& opts) {
+    LinearLayout layout = source_linear_layout(config, source, opts.weights);
+    std::unique_ptr<CudaLlama> m(new CudaLlama(config, quest, capacity, opts, std::move(layout)));
+    m->load_weights(source);
     return m;
 }
 

@@ -47,6 +47,41 @@ TEST(CudaOps, Embedding) {
     }
 }
 
+// A tensor-parallel rank's rows [first, first + rows) of a V-row table: its own ids give their row, every other id
+// of the vocabulary zeros; the ranks' outputs summed are the whole table's embedding, exactly.
+TEST(CudaOps, EmbeddingRowsOfARank) {
+    QUEST_REQUIRE_GPU();
+    std::mt19937 g(11);
+    const int V = 1001, dim = 4100;
+    auto table = random_floats(g, size_t(V) * dim);
+    to_half(table);
+    const std::vector<int> tokens = {0, 1000, 333, 334, 500, 17, 999};
+    const int T = int(tokens.size());
+    auto d_tokens = upload(tokens);
+    std::vector<float> sum(size_t(T) * dim, 0.0f);
+    for (const auto& [first, rows] : std::vector<std::pair<int, int>>{{0, 334}, {334, 334}, {668, 333}}) {
+        std::vector<float> part(table.begin() + size_t(first) * dim, table.begin() + size_t(first + rows) * dim);
+        auto part_h = upload(to_half(part));
+        DeviceBuffer<float> out(size_t(T) * dim);
+        out.fill_bytes(0xFF);
+        embedding_rows(out.get(), part_h.get(), d_tokens.get(), T, dim, first, rows, nullptr);
+        const auto got = out.download();
+        for (int t = 0; t < T; ++t) {
+            std::vector<float> want(dim, 0.0f);
+            if (tokens[t] >= first && tokens[t] < first + rows) embedding_ref(want.data(), table.data(), tokens[t], dim);
+            for (int i = 0; i < dim; ++i) {
+                ASSERT_EQ(got[size_t(t) * dim + i], want[i]) << "rows from " << first << ", token " << tokens[t] << ", " << i;
+                sum[size_t(t) * dim + i] += got[size_t(t) * dim + i];
+            }
+        }
+    }
+    for (int t = 0; t < T; ++t) {
+        std::vector<float> want(dim);
+        embedding_ref(want.data(), table.data(), tokens[t], dim);
+        for (int i = 0; i < dim; ++i) ASSERT_EQ(sum[size_t(t) * dim + i], want[i]) << t << "," << i;
+    }
+}
+
 TEST(CudaOps, RmsNormWithResidual) {
     QUEST_REQUIRE_GPU();
     std::mt19937 g(2);

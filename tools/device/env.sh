@@ -14,6 +14,13 @@ mkdir -p /tmp/deps
 for f in .device-deps/*.deb; do [ -f "$f" ] && dpkg -x "$f" /tmp/deps; done
 export LD_LIBRARY_PATH=/tmp/deps/usr/lib/x86_64-linux-gnu:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 export PATH=$PATH:/usr/local/cuda/bin
+# NCCL (the tensor-parallel backend links libnccl.so.2): the toolkit's, else the PyPI wheel's (nvidia-nccl-cu13).
+if [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
+  nccl_lib=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  [ -n "$nccl_lib" ] && export LD_LIBRARY_PATH=$nccl_lib:$LD_LIBRARY_PATH
+fi
+# NVLink multicast stays off on these shared hosts (KINDS.md).
+export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/quest-out}
 mkdir -p "$OUT"
 BIN=${BIN:-$PWD/.device-bin}
