@@ -3,9 +3,10 @@
 // CUDA-event-timed launches after warm-up, inputs random (never zeros), rotated over several copies so that the
 // 60 MB L2 cannot hold them. GB/s counts the bytes each launch must read.
 //
-//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [--json FILE]   (no section named:
-//   all of them; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of quest; fused:
-//   one layer's GEMVs with and without the fused epilogues). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
+//   quest_kernel_bench [gemv] [gemv4] [read] [fused] [attention] [quest] [codes] [tp] [--json FILE]   (no section
+//   named: all of them but tp; read: read-only ceilings at the GEMVs' byte counts; codes: only the page-codes part of
+//   quest; fused: one layer's GEMVs with and without the fused epilogues; tp: whole decode steps of the 7B shape on
+//   one GPU, the whole-model backend against tensor parallelism of one rank through NCCL, what the TP machinery costs). QUEST_BENCH_ONLY=<text> restricts gemv4 to the rows whose
 //   name contains the text (e.g. one kernel and shape under Nsight Compute).
 #include <algorithm>
 #include <cmath>
@@ -25,6 +26,11 @@
 #include "kernels/linear/gemv_int4_kernels.cuh"
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
+#include "engine/timing.h"
+#include "model/core/config.h"
+#include "model/cuda/llama_cuda.h"
+#include "model/cuda/nccl_collective.h"
+#include "model/cuda/tp_llama.h"
 #include "tests/cuda/bench_read.h"
 
 using namespace quest;
@@ -523,6 +529,73 @@ void bench_quest_codes() {
 
 }  // namespace
 
+// Whole decode steps of Llama-2-7B (random FP16 weights) on one GPU: the backend as the product runs it (fused
+// norms), on the path tensor parallelism runs (separate norm kernels), and tensor parallel with one rank through NCCL
+// (that path plus 65 all-reduces of one rank in the graph and the handoff to the rank's thread). Steps alternate
+// between the backends in rounds; device ms (events around the graph) and host ms (the decode() call) are medians.
+void bench_tp() {
+    if (!nccl_built()) {
+        std::printf("tp: SKIPPED (this build has no NCCL)\n");
+        return;
+    }
+    const char* src = std::getenv("QUEST_SOURCE_DIR");
+    const ModelConfig c = load_model_config(std::string(src ? src : ".") + "/configs/llama2-7b.json");
+    struct Row {
+        int context, budget;
+    };
+    for (const Row row : {Row{32768, 2048}, Row{4096, 0}}) {
+        QuestSettings q;
+        q.full_attention = row.budget == 0;
+        if (row.budget) q.budget = row.budget;
+        const int cap = row.context + 256;
+        CudaOptions fused, separate;
+        separate.fused_norms = false;
+        TpSetup one;
+        one.ranks = 1;
+        std::vector<std::pair<std::string, std::unique_ptr<Backend>>> b;
+        b.emplace_back("whole, fused norms", CudaLlama::random(c, q, cap, 1, fused));
+        b.emplace_back("whole, separate norms", CudaLlama::random(c, q, cap, 1, separate));
+        b.emplace_back("tp 1 (NCCL)", TpCudaLlama::random(c, q, cap, 1, separate, one));
+        std::vector<int> prompt(row.context, 7);
+        for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = 3 + static_cast<int>((i * 7919) % (c.vocab_size - 3));
+        for (auto& [name, m] : b) m->prefill(prompt);
+        std::vector<std::vector<double>> dev(b.size()), host(b.size());
+        for (int round = 0; round < 4; ++round)
+            for (size_t k = 0; k < b.size(); ++k)
+                for (int s = 0; s < 40; ++s) {
+                    Stopwatch sw;
+                    b[k].second->decode(100 + s);
+                    const double h = sw.ms();
+                    if (round == 0 && s < 8) continue;  // warm-up (the first step also captures the graph)
+                    dev[k].push_back(b[k].second->last_decode_ms());
+                    host[k].push_back(h);
+                }
+        auto median = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v[v.size() / 2];
+        };
+        for (size_t k = 0; k < b.size(); ++k) {
+            const std::string what = "tp " + std::to_string(row.context) + " " +
+                                     (row.budget ? "B=" + std::to_string(row.budget) : std::string("full")) + ": " +
+                                     b[k].first;
+            report(what + " (device)", median(dev[k]), static_cast<double>(b[k].second->decode_bytes()));
+            report(what + " (host call)", median(host[k]), static_cast<double>(b[k].second->decode_bytes()));
+        }
+    }
+    // Where the time of the TP path goes (eager launches with events between kernel groups: "all-reduce" is NCCL's).
+    QuestSettings q;
+    q.budget = 2048;
+    CudaOptions prof;
+    prof.fused_norms = false;
+    prof.profile = true;
+    TpSetup one;
+    one.ranks = 1;
+    auto m = TpCudaLlama::random(c, q, 32768 + 64, 1, prof, one);
+    m->prefill(std::vector<int>(32768, 11));
+    for (int s = 0; s < 24; ++s) m->decode(200 + s);
+    std::printf("tp 32768 B=2048, tp 1 (NCCL), eager with events:\n%s\n", m->profile_report().c_str());
+}
+
 int main(int argc, char** argv) {
     if (cuda_device_count() == 0) {
         std::printf("SKIPPED: no CUDA device\n");
@@ -543,6 +616,7 @@ int main(int argc, char** argv) {
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
         if (want("quest") || want("codes")) bench_quest_codes();
+        if (std::find(what.begin(), what.end(), "tp") != what.end()) bench_tp();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
         return 1;
