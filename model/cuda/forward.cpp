@@ -152,9 +152,12 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
 void CudaLlama::mark(const char* what) { profiler_.mark(what, stream_); }
 
 void CudaLlama::embed_tokens(int T) {
-    if (!opts_.tp.collective) return embedding(x_.get(), embed_, d_tokens_.get(), T, c_.hidden_size, c_.vocab_size, stream_);
-    embedding_rows(x_.get(), embed_, d_tokens_.get(), T, c_.hidden_size, opts_.tp.vocab_begin, c_.vocab_size, stream_);
-    all_reduce(x_.get(), static_cast<size_t>(T) * c_.hidden_size);
+    if (opts_.tp.collective) {
+        embedding_rows(x_.get(), embed_, d_tokens_.get(), T, c_.hidden_size, opts_.tp.vocab_begin, c_.vocab_size, stream_);
+        all_reduce(x_.get(), static_cast<size_t>(T) * c_.hidden_size);
+    } else {
+        embedding(x_.get(), embed_, d_tokens_.get(), T, c_.hidden_size, c_.vocab_size, stream_);
+    }
 }
 
 void CudaLlama::all_reduce(float* data, size_t count) {

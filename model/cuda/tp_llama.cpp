@@ -9,6 +9,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 #include "kernels/common/cuda_common.cuh"
 #include "kernels/common/error.h"
@@ -37,11 +38,13 @@ public:
         for (std::thread& t : threads_) t.join();
     }
     // Rethrows the exception of the lowest rank that threw; when one throws, on_error (the collectives' abort)
-    // releases the others from collectives that rank will never join.
-    void run(const std::function<void(int)>& f) {
+    // releases the others from collectives that rank will never join. f is called through a pointer to it (no
+    // std::function: nothing is allocated per decode step).
+    template <class F>
+    void run(F&& f) {
         {
             std::lock_guard<std::mutex> lock(m_);
-            job_ = &f;
+            job_ = Job{&f, [](void* p, int r) { (*static_cast<std::remove_reference_t<F>*>(p))(r); }};
             pending_ = static_cast<int>(threads_.size());
             std::fill(errors_.begin(), errors_.end(), nullptr);
             ++generation_;
@@ -49,7 +52,7 @@ public:
         start_.notify_all();
         std::unique_lock<std::mutex> lock(m_);
         done_.wait(lock, [&] { return pending_ == 0; });
-        job_ = nullptr;
+        job_ = {};
         for (const std::exception_ptr& e : errors_)
             if (e) std::rethrow_exception(e);
     }
@@ -59,7 +62,7 @@ private:
         const cudaError_t set = cudaSetDevice(device);
         uint64_t seen = 0;
         for (;;) {
-            const std::function<void(int)>* job = nullptr;
+            Job job;
             {
                 std::unique_lock<std::mutex> lock(m_);
                 start_.wait(lock, [&] { return stop_ || generation_ != seen; });
@@ -72,7 +75,7 @@ private:
                 if (set != cudaSuccess)
                     throw ResourceError("tensor parallel rank " + std::to_string(r) + ": cudaSetDevice(" +
                                         std::to_string(device) + "): " + cudaGetErrorString(set));
-                (*job)(static_cast<int>(r));
+                job.call(job.f, static_cast<int>(r));
             } catch (...) {
                 error = std::current_exception();
             }
@@ -86,7 +89,11 @@ private:
     std::vector<std::thread> threads_;
     std::mutex m_;
     std::condition_variable start_, done_;
-    const std::function<void(int)>* job_ = nullptr;
+    struct Job {
+        void* f = nullptr;                 // the caller's callable, alive until run() returns
+        void (*call)(void*, int) = nullptr;
+    };
+    Job job_;
     uint64_t generation_ = 0;
     int pending_ = 0;
     bool stop_ = false;
@@ -100,7 +107,7 @@ namespace {
 // 4-bit folder), so that each rank's down_proj columns hold whole groups.
 int ffn_unit_for(const ModelConfig& c, const WeightRequest& w, int stored_group) {
     const int g = w.stored ? stored_group : (w.format == LinearFormat::Int4 ? w.group : 0);
-    return g > 0 && c.intermediate_size % g == 0 && c.intermediate_size / g >= 1 ? g : 1;
+    return g > 0 && c.intermediate_size % g == 0 ? g : 1;
 }
 
 std::vector<int> rank_devices(const TpSetup& s) {
@@ -239,13 +246,12 @@ std::span<const float> TpCudaLlama::prefill(std::span<const int> tokens, std::ve
 }
 
 std::span<const float> TpCudaLlama::decode(int token) {
-    std::vector<double> ms(plan_.ranks);
     threads_->run([&](int r) {
         const std::span<const float> l = ranks_[r]->decode(token);
         std::memcpy(logits_.data() + plan_.rank[r].vocab.begin, l.data(), l.size_bytes());
-        ms[r] = ranks_[r]->last_decode_ms();
     });
-    last_ms_ = *std::max_element(ms.begin(), ms.end());
+    last_ms_ = 0;
+    for (const auto& r : ranks_) last_ms_ = std::max(last_ms_, r->last_decode_ms());
     return logits_;
 }
 

@@ -268,13 +268,9 @@ TEST(TpCuda, MemoryPlanRefusesARankThatDoesNotFit) {
     const ModelFolder m = open_model_folder(test::source_dir() / "tests/fixtures/hf/mha_hd64");
     CudaOptions o = eager();
     o.memory_limit = 1 << 20;  // 1 MiB
-    try {
-        TpCudaLlama::from_folder(m, full(), 256, o, one_gpu(2));
-        FAIL() << "expected a ResourceError";
-    } catch (const ResourceError& e) {
-        EXPECT_THAT(e.what(), ::testing::HasSubstr("--tp 2: rank"));
-        EXPECT_THAT(e.what(), ::testing::HasSubstr("KV cache"));
-    }
+    EXPECT_THAT([&] { TpCudaLlama::from_folder(m, full(), 256, o, one_gpu(2)); },
+                ::testing::ThrowsMessage<ResourceError>(
+                    ::testing::AllOf(::testing::HasSubstr("--tp 2: rank"), ::testing::HasSubstr("KV cache"))));
 }
 
 // Two GPUs or more (the multi-GPU machines): the trained demo model split over 2 GPUs through NCCL (graph replay,
