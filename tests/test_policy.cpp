@@ -951,7 +951,7 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                 }
     // The streaming (no metadata) and oracle (every key, keys_scanned) selectors: what the CUDA backend runs besides
     // quest.
-    for (PageSelector sel : {PageSelector::Streaming, PageSelector::Oracle})
+    for (PageSelector sel : {PageSelector::Streaming, PageSelector::Oracle, PageSelector::Sparq})
         for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
             for (int len : {10, 46, 333}) {
                 QuestSettings q;
@@ -963,5 +963,5 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     EXPECT_EQ(meta, keys) << q.policy_label() << " len " << len;
                 }
             }
-    EXPECT_EQ(checked, 72 + 18);
+    EXPECT_EQ(checked, 72 + 27);
 }

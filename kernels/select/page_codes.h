@@ -246,24 +246,28 @@ QUEST_HD inline int64_t floor_div_pos(int64_t a, int64_t b) {
 // quest_matched_pages (kernels/select/quest.h): the pages besides the last that fit in the bytes fp16 Quest reads at this
 // step: min(last, floor((quest - ours) / rows / (S * 4D))) (0 when quest <= ours) with
 //   quest = last * 4D + rows * ((K - 1) * S + last_tokens) * 4D   (fp16 metadata of the complete pages, K pages of KV)
-//   ours  = meta_pages * meta_bytes + rows * last_tokens * 4D
-// (last = P - 1 complete pages, last_tokens in the last page, rows = selection rows sharing a KV head's metadata).
+//   ours  = meta_pages * meta_bytes + fixed_bytes + rows * last_tokens * 4D
+// (last = P - 1 complete pages, last_tokens in the last page, rows = selection rows sharing a KV head's metadata,
+// fixed_bytes: a selector's bytes per step and KV head besides its per-page metadata, e.g. sparq's append write).
 QUEST_HD inline int64_t matched_pages(int64_t last, int64_t last_tokens, int64_t page_size, int64_t page_budget,
-                                      int64_t head_dim, int64_t meta_bytes, int64_t meta_pages, int64_t rows) {
+                                      int64_t head_dim, int64_t meta_bytes, int64_t meta_pages, int64_t rows,
+                                      int64_t fixed_bytes = 0) {
     const int64_t kv_token = 4 * head_dim;
     const int64_t quest = last * (4 * head_dim) + rows * ((page_budget - 1) * page_size + last_tokens) * kv_token;
-    const int64_t ours = meta_pages * meta_bytes + rows * last_tokens * kv_token;
+    const int64_t ours = meta_pages * meta_bytes + fixed_bytes + rows * last_tokens * kv_token;
     // floor(floor(x / rows) / (S * 4D)) == floor(x / (rows * S * 4D)) for x >= 0.
     const int64_t n = quest <= ours ? 0 : floor_div_pos(quest - ours, rows * page_size * kv_token);
     return n < last ? n : last;
 }
 
 // A bytes-matched budget on the device: meta_bytes = page_metadata_bytes of the format the scores read (0: off,
-// K pages), rows = selection rows sharing one KV head's metadata (the group for PerHead, else 1).
+// K pages), rows = selection rows sharing one KV head's metadata (the group for PerHead, else 1), fixed_bytes as
+// in matched_pages (sparq: its D-byte append write).
 struct MatchedBudget {
     int meta_bytes = 0;
     int head_dim = 0;
     int rows = 1;
+    int fixed_bytes = 0;
     QUEST_HD bool on() const { return meta_bytes > 0; }
 };
 
@@ -276,7 +280,7 @@ QUEST_HD inline int step_pages(int len, int page_size, int page_budget, const Ma
     const int last = P - 1;
     const int64_t last_tokens = static_cast<int64_t>(len) - static_cast<int64_t>(last) * page_size;
     return static_cast<int>(matched_pages(last, last_tokens, page_size, page_budget, m.head_dim, m.meta_bytes, last,
-                                          m.rows)) +
+                                          m.rows, m.fixed_bytes)) +
            1;
 }
 

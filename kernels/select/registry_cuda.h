@@ -7,6 +7,7 @@
 
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
+#include "kernels/select/sparq.cuh"
 
 namespace quest {
 
@@ -24,6 +25,7 @@ struct CudaSelectArgs {
     float scale = 0.0f;             // softmax scale, 1/sqrt(head_dim)
     QuestWorkspace ws;              // selected pages, scores and the top-k's scratch
     const PageCodesView* codes = nullptr;  // int8 / int4 page bounds (metadata format), else null
+    const KeySketchView* sketch = nullptr;  // sparq: the layer's fp8 key sketch, else null
     MatchedBudget match;            // bytes-matched budget (match_bytes), else off
     bool fused = false;             // score and select in one launch (--quest-fused)
     float* workspace = nullptr;     // [workspace_floats(num_heads, max_pages)]: the selector's own scratch

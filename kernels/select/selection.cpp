@@ -36,7 +36,7 @@ int64_t page_metadata_bytes(MetadataFormat f, int head_dim) {
 int64_t selection_bytes(const SelectionReads& r, int head_dim, MetadataFormat f) {
     const int64_t page = page_metadata_bytes(f, head_dim);
     return (r.pages_scored + r.shortlist_pages) * page + r.sub_pages_scored * 2ll * head_dim +
-           r.keys_scanned * 2ll * head_dim + r.kv_tokens * 4ll * head_dim;
+           r.keys_scanned * 2ll * head_dim + r.sketch_bytes + r.kv_tokens * 4ll * head_dim;
 }
 
 SelectionReads dense_reads(int len, int num_kv_heads) {

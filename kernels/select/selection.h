@@ -27,6 +27,8 @@ enum class PageSelector : int {
     Oracle,     // top-(K-1) complete pages by the true softmax mass (reads every key: an evaluation yardstick)
     TwoLevel,   // coarse page bounds pick a shortlist, sub-page bounds (uint8, rounded outward) re-rank it; the
                 // selection is made of sub-pages (two_level_select_ref)
+    Sparq,      // pages ranked by their best token's approximate logit on the query's largest channels, from an
+                // fp8 channel-major key sketch; bytes-matched to fp16 Quest (kernels/select/sparq.h)
 };
 
 // Storage format of the page bounds a bound-based selector (quest, two-level's coarse level) reads.
@@ -46,6 +48,7 @@ struct SelectionReads {
     int64_t shortlist_pages = 0;   // TwoLevel: pages re-read with their sub-page codes, over KV heads
     int64_t sub_pages_scored = 0;  // TwoLevel: sub-page metadata entries read, over KV heads
     int64_t keys_scanned = 0;      // Oracle: keys read to compute the true page mass, over KV heads
+    int64_t sketch_bytes = 0;      // sparq: its own bytes (token sketches read, the append written), over KV heads
     int64_t kv_tokens = 0;         // tokens whose key and value are read, summed over the selection rows
     int rows = 0;                  // selection rows: KV heads (kv-max, kv-sum) or query heads (per-head)
     bool dense = false;            // true: a dense step (P <= K), every token read, no metadata
@@ -62,7 +65,7 @@ struct Selection {
 // cache in FP16 (2 bytes per value, as on the GPU):
 //   pages_scored * page_metadata_bytes(format) + shortlist_pages * page_metadata_bytes(format)  [4d | 2d+4 | d+4]
 //   + sub_pages_scored * 2 * head_dim (uint8 min and max) + keys_scanned * 2 * head_dim (the oracle's key pass)
-//   + kv_tokens * 4 * head_dim (key and value).
+//   + sketch_bytes (sparq's token sketches, counted by the selector) + kv_tokens * 4 * head_dim (key and value).
 // A dense layer or step is kv_tokens = tokens * KV heads and nothing else.
 int64_t page_metadata_bytes(MetadataFormat f, int head_dim);
 int64_t selection_bytes(const SelectionReads& r, int head_dim, MetadataFormat f);

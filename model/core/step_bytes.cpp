@@ -31,6 +31,8 @@ std::pair<double, double> quest_step_bytes_model(const ModelConfig& c, const Que
             s.num_kv_heads = NKV;
             s.rows = q.gqa_policy == GqaPolicy::PerHead ? c.num_heads : NKV;
             s.kv_pages = codes::step_pages(len, S, K, match);  // the last page included
+            s.head_dim = D;
+            s.page_budget = K;
             r = def.step_reads(s);
         }
         const int64_t b = selection_bytes(r, D, fmt);

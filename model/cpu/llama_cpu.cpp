@@ -8,6 +8,7 @@
 #include "kernels/common/basic_ops.h"
 #include "kernels/select/quest.h"
 #include "kernels/select/registry.h"
+#include "kernels/select/sparq_rule.h"
 #include "model/core/step_bytes.h"
 #include "kernels/common/error.h"
 #include "model/core/memory.h"
@@ -22,6 +23,10 @@ CpuLlama::CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSe
       cache_(KvCacheShape{w_->config.num_layers, w_->config.num_kv_heads, w_->config.head_dim, quest.page_size,
                           capacity, quest.cache_sub_page()}) {
     quest_.validate();
+    if (!quest_.full_attention && quest_.selector == PageSelector::Sparq &&
+        !sparq::supported(w_->config.head_dim, quest_.page_size))
+        throw InputError("selector 'sparq': needs head_dim a multiple of 8 and at least half the page size (head_dim " +
+                         std::to_string(w_->config.head_dim) + ", page size " + std::to_string(quest_.page_size) + ")");
     logits_.resize(w_->config.vocab_size);
 }
 

@@ -115,6 +115,7 @@ std::span<const float> CudaLlama::prefill(std::span<const int> tokens, std::vect
             if (L.bqkv) add_bias_rows(qkv_.get(), L.bqkv, T, L.qkv.rows, stream_);
             rope_append_kv(q_.get(), kv, qkv_.get(), d_pos_.get(), T, c_.num_heads, rope, stream_);
             page_metadata_rebuild(kv, pos0 / quest_.page_size, (pos0 + T - 1) / quest_.page_size, pos0 + T, stream_);
+            if (const KeySketchView sv = sketch_view(l); sv.k8) sparq_sketch_write(sv, kv, pos0, pos0 + T, stream_);
             if (const PageCodesView cv = codes_view(l); cv.codes)  // the pages this chunk completed
                 page_codes_quantize(cv, kv, pos0 / quest_.page_size, (pos0 + T) / quest_.page_size - 1, pos0 + T,
                                     stream_);
@@ -185,6 +186,8 @@ void CudaLlama::enqueue_attention(int l, float scale) {
         a.scale = scale;
         a.ws = quest_ws_;
         a.codes = cv.codes ? &cv : nullptr;
+        const KeySketchView sv = sketch_view(l);
+        a.sketch = sv.k8 ? &sv : nullptr;
         a.match = match_;
         a.fused = opts_.quest_fused;
         a.workspace = selector_ws_.get();

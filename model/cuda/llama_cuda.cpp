@@ -63,6 +63,14 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
     if (o.quest_fused && (uses_page_codes(quest_) || settings_match(c, quest_).on()))
         throw InputError("--quest-fused: the fused scoring + top-k reads fp16 metadata and K pages; it does not run "
                          "with --metadata int8|int4 or --match-bytes");
+    if (uses_key_sketch(quest_)) {
+        try {
+            for (int l = quest_.dense_layers; l < c.num_layers; ++l)
+                require_sparq_supported(c.head_dim, quest_.page_size, c.attention_window(l) < capacity ? c.attention_window(l) : 0);
+        } catch (const std::invalid_argument& e) {
+            throw InputError(std::string("selector 'sparq': ") + e.what());
+        }
+    }
     match_ = settings_match(c, quest_);
     if (o.tp.collective && o.graph && !o.tp.collective->capturable())
         throw std::logic_error("CudaOptions::tp: a collective that cannot be captured needs CudaOptions::graph off");
@@ -187,6 +195,16 @@ PageCodesView CudaLlama::codes_view(int layer) const {
     const size_t i = static_cast<size_t>(layer - quest_.dense_layers);
     v.codes = codes_.get() + i * page_codes_bytes(quest_.metadata, c_.num_kv_heads, c_.head_dim, max_pages_);
     v.scales = code_scales_.get() + i * page_code_scales_bytes(c_.num_kv_heads, max_pages_) / sizeof(float);
+    return v;
+}
+
+KeySketchView CudaLlama::sketch_view(int layer) const {
+    KeySketchView v;
+    v.num_kv_heads = c_.num_kv_heads;
+    v.head_dim = c_.head_dim;
+    v.capacity = max_pages_ * quest_.page_size;
+    if (sketch_.size() == 0 || !quest_.quest_layer(layer)) return v;
+    v.k8 = sketch_.get() + static_cast<size_t>(layer - quest_.dense_layers) * key_sketch_bytes(v.num_kv_heads, v.head_dim, v.capacity);
     return v;
 }
 

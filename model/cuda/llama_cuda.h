@@ -124,6 +124,8 @@ public:
     // quest selector keep (codes == nullptr otherwise).
     KvLayerView kv_view(int layer) const;
     PageCodesView codes_view(int layer) const;
+    // The fp8 key sketch of a Quest layer of the sparq selector (k8 == nullptr otherwise).
+    KeySketchView sketch_view(int layer) const;
     // With CudaOptions::record_selections: layer l's selection at the last decode step (l a Quest layer of the quest
     // or oracle selector; without a bytes-matched budget). Synchronises; not for the decode loop.
     SelectionTrace last_selection(int layer) const;
@@ -198,6 +200,7 @@ private:
     // Page codes of the Quest layers (dense_layers .. layers-1), when the metadata format is int8 / int4.
     DeviceBuffer<uint8_t> codes_;      // [Quest layers][page_codes_bytes]
     DeviceBuffer<float> code_scales_;  // [Quest layers][kv_heads][padded pages]
+    DeviceBuffer<uint8_t> sketch_;     // sparq: [Quest layers][kv_heads][head_dim][capacity] fp8 e4m3 keys
     MatchedBudget match_;              // bytes-matched budget (QuestSettings::match_bytes), else off
     DeviceBuffer<float> inv_freq_;
     RopeDeviceParams rope_;

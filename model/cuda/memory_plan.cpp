@@ -70,6 +70,8 @@ void CudaLlama::for_each_buffer(const ModelConfig& c, const QuestSettings& q, in
         f(K::Metadata, ql * page_code_scales_bytes(c.num_kv_heads, max_pages) / sizeof(float),
           b ? &b->code_scales_ : nullptr);
     }
+    if (const size_t ql = quest_layer_count(c, q); uses_key_sketch(q) && ql > 0)
+        f(K::Metadata, ql * key_sketch_bytes(c.num_kv_heads, c.head_dim, static_cast<int>(tokens)), b ? &b->sketch_ : nullptr);
     // Activations for one prefill chunk (decode uses the first row).
     const size_t C = std::max(1, std::min(o.prefill_chunk, static_cast<int>(tokens)));
     f(K::Workspace, D / 2, b ? &b->inv_freq_ : nullptr);
@@ -138,6 +140,7 @@ void CudaLlama::allocate() {
     // unnoticed; the counters are zeroed once (every launch leaves them zero).
     for (auto* b : {&k_cache_, &v_cache_, &kmin_, &kmax_}) b->fill_bytes(0xFF);
     codes_.fill_bytes(0xFF);
+    sketch_.fill_bytes(0xFF);  // e4m3 NaN
     code_scales_.fill_bytes(0xFF);
     split_counters_.fill_bytes(0);
     quest_counters_.fill_bytes(0);

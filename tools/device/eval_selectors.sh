@@ -1,0 +1,48 @@
+#!/bin/bash
+# Issue 26's tables on the GPU: the selectors at the default settings (2 dense layers, page 16, kv-sum) on the
+# retrieval sets of .evalsets/ (tools/make_retrieval_data.py eval-set, made on the development machine and carried),
+# for the trained demo model and SmolLM2-135M-Instruct (its GGUF at models/smollm2/, when there), then the 7B-shape
+# step time of quest and sparq at 32K, B = 2048, alternated in this one call.
+# Run on the GPU machine from the repository root after `. tools/device/env.sh`. Writes $OUT/eval-*.{json,log} and
+# $OUT/ab-selectors.txt; prints every table.
+#   SETS="demo:demo-mk4k smol:smol-mk4k ..."   (model:set pairs; default: every set of .evalsets/ with its model)
+#   POLICIES=quest,quest+int4+m,oracle,sparq  BUDGETS=full,64,256  ROUNDS=3  BENCH=1
+set -u
+POLICIES=${POLICIES:-quest,quest+int4+m,oracle,sparq}
+BUDGETS=${BUDGETS:-full,64,256}
+smol=models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -z "${SETS:-}" ]; then
+  SETS=
+  for f in .evalsets/*.jsonl; do
+    n=$(basename "$f" .jsonl)
+    case $n in demo-*) SETS+=" demo:$n" ;; smol-*) [ -f "$smol" ] && SETS+=" smol:$n" ;; esac
+  done
+fi
+for pair in $SETS; do
+  model=${pair%%:*} set=${pair#*:}
+  m=models/demo
+  [ "$model" = smol ] && m=$smol
+  "$BIN/quest" eval jsonl -m "$m" --backend cuda --set ".evalsets/$set.jsonl" --budgets "$BUDGETS" \
+    --policies "$POLICIES" --json "$OUT/eval-$set.json" > "$OUT/eval-$set.log" 2>&1
+  echo "== $set ($m): rc=$?"
+  grep -E "^ +[0-9]+ " "$OUT/eval-$set.log"
+done
+[ "${BENCH:-1}" = 1 ] || exit 0
+: > "$OUT/ab-selectors.txt"
+for row in "fp16 32768 2048" "fp16 4096 2048" "int4 32768 2048"; do
+  read -r w ctx budget <<< "$row"
+  line="$w $ctx $budget |"
+  for sel in quest sparq; do eval "p_$sel=()"; done
+  for r in $(seq "${ROUNDS:-3}"); do
+    for sel in quest sparq; do
+      log="$OUT/bench-$sel-$w-$ctx-$r.log"
+      timeout 120 "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights "$w" \
+        --contexts "$ctx" --budgets "$budget" --steps 64 --warmup 8 --selector "$sel" > "$log" 2>&1
+      p50=$(awk '$1 == "cuda" {print $6}' "$log" | tail -1)
+      eval "p_$sel+=(\"${p50:-fail}\")"
+    done
+  done
+  echo "$line quest ${p_quest[*]} | sparq ${p_sparq[*]}" >> "$OUT/ab-selectors.txt"
+  grep -E "^(backend|cuda)" "$OUT/bench-sparq-$w-$ctx-1.log" | head -3 >> "$OUT/ab-selectors.txt"
+done
+cat "$OUT/ab-selectors.txt"
