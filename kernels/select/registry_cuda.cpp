@@ -39,8 +39,8 @@ void oracle_layer(const CudaSelectArgs& a) {  // every key read for the true pag
 
 void sparq_layer(const CudaSelectArgs& a) {  // token scores on the sketch, Quest's top-k (matched) and attention
     if (!a.sketch) throw std::logic_error("sparq_layer: the backend keeps no key sketch for this layer");
-    sparq_decode(a.out, *a.sketch, a.q, a.kv, a.d_pos, a.num_heads, a.page_budget, a.policy, a.scale, a.ws, a.stream,
-                 a.rope);
+    sparq_decode(a.out, *a.sketch, a.workspace, a.q, a.kv, a.d_pos, a.num_heads, a.page_budget, a.policy, a.scale,
+                 a.ws, a.stream, a.rope);
 }
 bool sparq_folds_rope(const CudaSelectArgs&) { return true; }  // the token's RoPE + append in the scoring launch
 
@@ -50,7 +50,7 @@ std::map<PageSelector, CudaSelectorOps>& registry() {
         {PageSelector::Quest, {quest_layer, quest_folds_rope, nullptr, true}},
         {PageSelector::Streaming, {streaming_layer, nullptr, nullptr, false}},
         {PageSelector::Oracle, {oracle_layer, nullptr, oracle_workspace_floats, true}},
-        {PageSelector::Sparq, {sparq_layer, sparq_folds_rope, nullptr, true}},
+        {PageSelector::Sparq, {sparq_layer, sparq_folds_rope, sparq_workspace_floats, true}},
     };
     return ops;
 }

@@ -51,6 +51,16 @@ std::vector<float> sparq_page_scores_ref(const QuestSelectArgs& a, int h, int kv
     return u;
 }
 
+std::vector<float> sparq_page_shares_ref(const std::vector<float>& scores, float scale) {
+    std::vector<float> v(scores.size()), w(scores.size());
+    float m = -INFINITY;
+    for (size_t p = 0; p < scores.size(); ++p) m = std::max(m, v[p] = scale * scores[p]);
+    float z = 0.0f;
+    for (float x : v) z += std::exp(x - m);
+    for (size_t p = 0; p < v.size(); ++p) w[p] = std::exp(v[p] - m) / z;
+    return w;
+}
+
 int sparq_matched_pages(const QuestSelectArgs& a) {
     const int P = pages_of(a.len, a.page_size), last = P - 1;
     const int64_t rows = a.policy == GqaPolicy::PerHead ? group_of(a) : 1;
@@ -66,7 +76,8 @@ void sparq_select_ref(const QuestSelectArgs& a, Selection& out) {
     for (int kvh = 0; kvh < a.num_kv_heads; ++kvh) {
         const std::vector<int> ch = sparq_channels_ref(a, kvh);
         std::vector<std::vector<float>> u;
-        for (int g = 0; g < G; ++g) u.push_back(sparq_page_scores_ref(a, kvh * G + g, kvh, ch, last));
+        for (int g = 0; g < G; ++g)
+            u.push_back(sparq_page_shares_ref(sparq_page_scores_ref(a, kvh * G + g, kvh, ch, last), a.scale));
         auto take = [&](const std::vector<float>& score, const std::vector<int>& heads) {
             std::vector<int> pages = top_k_ref(score, n);
             std::sort(pages.begin(), pages.end());

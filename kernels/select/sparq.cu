@@ -4,9 +4,11 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "kernels/select/page_oracle.cuh"
 #include "kernels/select/sparq.cuh"
 #include "kernels/common/rope_device.cuh"
 #include "kernels/select/sparq_rule.h"
@@ -71,8 +73,8 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float (&f)[4]) {
 }
 
 template <int D, int GT>
-__device__ __forceinline__ void score_block(float* __restrict__ scores, const uint8_t* __restrict__ k8,
-                                            const KvLayerView& kv, int num_heads, int len, int per_head, int kv_sum,
+__device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8_t* __restrict__ k8,
+                                            const KvLayerView& kv, int num_heads, int len, float scale,
                                             const float* s_qf, float* s_w, int* s_ch, int* s_warp, float (*s_q)[D / 8]) {
     constexpr int RMAX = D / 8;
     const int capacity = kv.capacity, page_size = kv.page_size;
@@ -115,9 +117,6 @@ __device__ __forceinline__ void score_block(float* __restrict__ scores, const ui
     const bool first = (tid % TP) == 0;
     const uint8_t* base = k8 + static_cast<size_t>(kvh) * D * capacity + t0 + tid * kTok;
     constexpr int U = RMAX < 8 ? RMAX : 8;  // channels per batch of loads (kSub loads each)
-    float row[kSub];
-#pragma unroll
-    for (int sb = 0; sb < kSub; ++sb) row[sb] = 0.0f;
     for (int gb = 0; gb < G; gb += GT) {
         const int ng = min(GT, G - gb);
         __syncthreads();  // s_ch ready (first batch); the previous batch's s_q read
@@ -172,33 +171,18 @@ __device__ __forceinline__ void score_block(float* __restrict__ scores, const ui
             for (int g = 0; g < GT; ++g) {
                 float m = fmaxf(fmaxf(acc[sb][g][0], acc[sb][g][1]), fmaxf(acc[sb][g][2], acc[sb][g][3]));
                 for (int o = 1; o < TP; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-                if (g < ng && live && first) {
-                    const int h = gb + g;  // head of the group
-                    if (per_head) {
-                        scores[static_cast<size_t>(kvh * G + h) * kv.max_pages + p] = m;
-                    } else {
-                        row[sb] = h == 0 ? m : kv_sum ? row[sb] + m : fmaxf(row[sb], m);
-                    }
-                }
+                if (g < ng && live && first) lse[static_cast<size_t>(kvh * G + gb + g) * kv.max_pages + p] = scale * m;
             }
-        }
-    }
-    if (!per_head) {
-#pragma unroll
-        for (int sb = 0; sb < kSub; ++sb) {
-            const int t = t0 + sb * kThreads * kTok + tid * kTok;
-            if (t < complete_tokens && first) scores[static_cast<size_t>(kvh) * kv.max_pages + t / page_size] = row[sb];
         }
     }
 }
 
 template <int D, int GT>
-__global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restrict__ scores,
+__global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restrict__ lse,
                                                                uint8_t* __restrict__ k8,
                                                                const __half* __restrict__ q, KvLayerView kv,
                                                                const int* __restrict__ d_pos, int num_heads,
-                                                               int page_budget, int per_head, int kv_sum,
-                                                               SparqRope ra) {
+                                                               int page_budget, float scale, SparqRope ra) {
     extern __shared__ float s_qf[];  // [G][D]: the group's q, fp32
     __shared__ float s_w[D];
     __shared__ int s_ch[D / 8];
@@ -232,6 +216,8 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restric
     const int P = (len + page_size - 1) / page_size;
     const bool scoring = P > page_budget && P <= kv.max_pages &&  // a selecting step inside the cache, and this
                          static_cast<int>(blockIdx.x) * kThreads * kTok * kSub < (P - 1) * page_size;  // candidates
+    if (scoring && blockIdx.x == 0)  // the last page is no candidate: no share of the normalisation
+        for (int g = tid; g < G; g += kThreads) lse[static_cast<size_t>(kvh * G + g) * kv.max_pages + (P - 1)] = -INFINITY;
     if (scoring) {  // block-uniform
         for (int i = tid; i < G * D / 2; i += kThreads) {  // the group's q
             const int g = i / (D / 2), j = i % (D / 2);
@@ -252,7 +238,7 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restric
             s_qf[g * D + j + D / 2] = q1;
         }
         __syncthreads();
-        score_block<D, GT>(scores, k8, kv, num_heads, len, per_head, kv_sum, s_qf, s_w, s_ch, s_warp, s_q);
+        score_block<D, GT>(lse, k8, kv, num_heads, len, scale, s_qf, s_w, s_ch, s_warp, s_q);
     }
     if (rope_on) {  // the token's RoPE + append, spread over the grid, after the scores
         const rope_dev::Token tk{ra.q_out, kv, ra.qkv, len - 1, 1, num_heads};
@@ -262,17 +248,16 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restric
 }
 
 template <int D>
-void launch_scores(float* scores, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
-                   int num_heads, int page_budget, GqaPolicy policy, const SparqRope& ra, cudaStream_t stream) {
+void launch_scores(float* lse, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
+                   int num_heads, int page_budget, float scale, const SparqRope& ra, cudaStream_t stream) {
     const dim3 grid(ceil_div(kv.capacity, kThreads * kTok * kSub), kv.num_kv_heads);
-    const int per_head = policy == GqaPolicy::PerHead, kv_sum = policy == GqaPolicy::KvSum;
     const int G = num_heads / kv.num_kv_heads;
     const size_t smem = sizeof(float) * static_cast<size_t>(G) * D;
     QUEST_REQUIRE(smem <= 48 * 1024, "sparq: the group's q must fit in 48 KB of shared memory");
     with_group_tile(G, [&](auto gt) {
         constexpr int GT = decltype(gt)::value < 4 ? decltype(gt)::value : 4;
-        launch_pdl(sparq_scores_kernel<D, GT>, grid, dim3(kThreads), smem, stream, scores, sk.k8, q, kv, d_pos,
-                   num_heads, page_budget, per_head, kv_sum, ra);
+        launch_pdl(sparq_scores_kernel<D, GT>, grid, dim3(kThreads), smem, stream, lse, sk.k8, q, kv, d_pos,
+                   num_heads, page_budget, scale, ra);
     });
 }
 
@@ -286,6 +271,8 @@ void require_view(const KeySketchView& sk, const KvLayerView& kv) {
 }
 
 }  // namespace
+
+size_t sparq_workspace_floats(int num_heads, int max_pages) { return oracle_workspace_floats(num_heads, max_pages); }
 
 size_t key_sketch_bytes(int num_kv_heads, int head_dim, int capacity) {
     return static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim) * static_cast<size_t>(capacity);
@@ -314,11 +301,11 @@ void sparq_sketch_write(const KeySketchView& sk, const KvLayerView& kv, int t0, 
     CUDA_CHECK_LAUNCH();
 }
 
-void sparq_page_scores(float* scores, const KeySketchView& sk, const __half* q, const KvLayerView& kv,
-                       const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream,
-                       const QuestRopeAppend* rope) {
+void sparq_page_lse(float* lse, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
+                    int num_heads, int page_budget, float scale, cudaStream_t stream, const QuestRopeAppend* rope) {
     require_view(sk, kv);
-    QUEST_REQUIRE(scores && q && d_pos, "null pointer");
+    QUEST_REQUIRE(lse && q && d_pos, "null pointer");
+    QUEST_REQUIRE(std::isfinite(scale) && scale > 0.0f, "scale must be positive and finite");
     QUEST_REQUIRE(num_heads >= 1 && num_heads % kv.num_kv_heads == 0,
                   "num_heads must be a positive multiple of num_kv_heads");
     QUEST_REQUIRE(kv.max_pages >= 1 && page_budget >= 1, "max_pages and page_budget must be >= 1");
@@ -332,19 +319,21 @@ void sparq_page_scores(float* scores, const KeySketchView& sk, const __half* q, 
         ra.q_out = rope->q_out;
         ra.rope = rope->rope;
     }
-    with_head_dim(kv.head_dim, "sparq_page_scores", [&](auto d) {
+    with_head_dim(kv.head_dim, "sparq_page_lse", [&](auto d) {
         constexpr int D = decltype(d)::value;
-        if constexpr (D >= 16) launch_scores<D>(scores, sk, q, kv, d_pos, num_heads, page_budget, policy, ra, stream);
+        if constexpr (D >= 16) launch_scores<D>(lse, sk, q, kv, d_pos, num_heads, page_budget, scale, ra, stream);
     });
 }
 
-void sparq_decode(__half* out, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
-                  int num_heads, int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws,
-                  cudaStream_t stream, const QuestRopeAppend* rope) {
-    QUEST_REQUIRE(ws.scores && ws.selected, "null pointer");
+void sparq_decode(__half* out, const KeySketchView& sk, float* lse, const __half* q, const KvLayerView& kv,
+                  const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, float scale,
+                  const QuestWorkspace& ws, cudaStream_t stream, const QuestRopeAppend* rope) {
+    QUEST_REQUIRE(ws.scores && ws.selected && lse, "null pointer");
     const int rows = quest_selection_rows(num_heads, kv.num_kv_heads, policy);
     const MatchedBudget match = sparq::budget(kv.page_size, kv.head_dim, policy == GqaPolicy::PerHead ? num_heads / kv.num_kv_heads : 1);
-    sparq_page_scores(ws.scores, sk, q, kv, d_pos, num_heads, page_budget, policy, stream, rope);
+    sparq_page_lse(lse, sk, q, kv, d_pos, num_heads, page_budget, scale, stream, rope);
+    oracle_row_scores(ws.scores, nullptr, lse, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, kv.page_size,
+                      page_budget, policy, stream, kv.window);
     const int stride = quest_select_capacity(kv.max_pages, kv.page_size, page_budget, match);
     quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, match, stride,
                 kv.window);

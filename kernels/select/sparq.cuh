@@ -2,11 +2,14 @@
 // The sparq selector on the GPU (kernels/select/sparq.h; rules in kernels/select/sparq_rule.h). Per Quest layer the
 // keys are kept a second time as an fp8 e4m3 sketch, channel-major, so that one channel of 4 tokens is one 4-byte
 // load and a warp reads 128 contiguous bytes of a channel's row. A decode step of one layer:
-//   1. sparq_page_scores: per KV head the r = D / 8 channels of the group's largest sum |q|, every token of every
-//      complete page scored on them, a page's score its best token's, aggregated per selection row like Quest's
-//      scores; the same launch writes the current token's sketch;
-//   2. quest_top_k with the selector's matched budget (sparq::budget), then attention_decode_sparse: Quest's own.
-// The scores are sparq_page_scores_ref's bits (tests/cuda/test_sparq.cpp), so the selections are the CPU's.
+//   1. sparq_page_lse: per KV head the r = D / 8 channels of the group's largest sum |q|, every token of every
+//      complete page scored on them, each head's page value scale * (its best token's score); the same launch
+//      writes the current token's sketch (and, folded in, does its RoPE + KV append);
+//   2. oracle_row_scores (kernels/select/page_oracle.cuh): per head the pages' shares exp(v - M) / Z, aggregated per
+//      selection row;
+//   3. quest_top_k with the selector's matched budget (sparq::budget), then attention_decode_sparse: Quest's own.
+// The page values are sparq_page_scores_ref's bits times scale (tests/cuda/test_sparq.cpp); the shares are fp32 on
+// both sides with sums in different orders, so the selections are the CPU's up to swaps at near-ties.
 // Graph capture: as every Quest launcher (kernels/select/quest.cuh): the length is read on the device, the launch
 // depends on shapes and capacity only, nothing synchronises or allocates.
 #include <cstddef>
@@ -38,21 +41,23 @@ void require_sparq_supported(int head_dim, int page_size, int window);
 void sparq_sketch_write(const KeySketchView& sk, const KvLayerView& kv, int t0, int t1, cudaStream_t stream);
 
 // Step 1. With len = *d_pos + 1 and P = ceil(len / S): writes the sketch of token len - 1 (every step, dense ones
-// too); when P > page_budget, scores[r][p] (row stride kv.max_pages) for every complete page p < P - 1 of every
-// selection row r, nothing at p >= P - 1. q: [num_heads][head_dim] fp16 post-RoPE; the launch waits (pdl_wait)
+// too); when P > page_budget, lse[h][p] (row stride kv.max_pages) = scale * the best approximate logit of complete
+// page p < P - 1 for every query head h, and lse[h][P - 1] = -inf (the last page takes no share); nothing beyond. q: [num_heads][head_dim] fp16 post-RoPE; the launch waits (pdl_wait)
 // before it reads q, the token's key or writes anything.
 // rope (optional): the token's RoPE + KV append folded into this launch, as quest_page_scores folds it
 // (kernels/select/quest.cuh, QuestRopeAppend): q is rotated by each block from rope->qkv (pass rope->q_out as q), the
 // grid writes q_out, the token's k and v and the current page's bounds with rope_append_kv's bits, and the token's
 // sketch is made from the same rotation.
-void sparq_page_scores(float* scores, const KeySketchView& sk, const __half* q, const KvLayerView& kv,
-                       const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, cudaStream_t stream,
-                       const QuestRopeAppend* rope = nullptr);
+void sparq_page_lse(float* lse, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
+                    int num_heads, int page_budget, float scale, cudaStream_t stream,
+                    const QuestRopeAppend* rope = nullptr);
 
-// Steps 1-2 and the attention: one Quest layer of a decode step with the sparq selector. ws sized by
-// quest_workspace_sizes with the same matched budget (sparq::budget).
-void sparq_decode(__half* out, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
-                  int num_heads, int page_budget, GqaPolicy policy, float scale, const QuestWorkspace& ws,
-                  cudaStream_t stream, const QuestRopeAppend* rope = nullptr);
+// Steps 1-3 and the attention: one Quest layer of a decode step with the sparq selector. ws sized by
+// quest_workspace_sizes with the same matched budget (sparq::budget); lse: [num_heads][kv.max_pages] floats
+// (sparq_workspace_floats).
+size_t sparq_workspace_floats(int num_heads, int max_pages);
+void sparq_decode(__half* out, const KeySketchView& sk, float* lse, const __half* q, const KvLayerView& kv,
+                  const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, float scale,
+                  const QuestWorkspace& ws, cudaStream_t stream, const QuestRopeAppend* rope = nullptr);
 
 }  // namespace quest

@@ -28,6 +28,9 @@ std::vector<int> sparq_channels_ref(const QuestSelectArgs& a, int kvh);
 // complete pages [0, n), from a.keys rounded to e4m3.
 std::vector<float> sparq_page_scores_ref(const QuestSelectArgs& a, int h, int kvh, const std::vector<int>& channels,
                                          int n);
+// A head's shares of the pages from its page scores (sparq_rule.h): v = scale * score (fp32), w = exp(v - M) / Z in
+// fp32 (Z summed in page order).
+std::vector<float> sparq_page_shares_ref(const std::vector<float>& scores, float scale);
 
 // The pages besides the last that a selecting step of this layer reads (sparq::matched_pages).
 int sparq_matched_pages(const QuestSelectArgs& a);

@@ -11,8 +11,13 @@
 //              +-448): e4m3_round below is that rounding on a float.
 //   token      s_h(t) = sum over the chosen channels c, ascending, of q_h,c * e4m3(k_t,c), fp32 (each product of an
 //              fp16 q and an e4m3 key is exact in fp32, so an FMA chain has the bits of multiply-then-add).
-//   page       the page's score for head h: max over its tokens of s_h(t); a selection row aggregates its heads
-//              like every selector (kv-max: max, kv-sum: sum in head order, per-head: its own).
+//   page       head h's page value v_h(p) = scale * max over the page's tokens of s_h(t) (scale = 1 / sqrt(D): the
+//              log of the page's mass if its best token were all of it), and its estimated share of the head's
+//              attention w_h(p) = exp(v_h(p) - M_h) / Z_h over the complete pages (M_h their largest v, Z_h the sum
+//              of exp(v - M_h)): the oracle's normalisation (page_oracle.cuh), so that every head of a group
+//              weighs the same whatever the scale of its logits. A selection row aggregates its heads' shares like
+//              every selector (kv-sum: sum in head order, kv-max: max, per-head: its own). Summing raw logits
+//              instead let the heads with the largest logits rank the pages (measured: docs/quest.md).
 //   budget     bytes-matched to fp16 Quest: the selector's own bytes are r * S per complete page (the r channels'
 //              bytes of its S tokens) plus D for the current token's sketch (written once per step; with at least
 //              one complete page it fits in the half of Quest's metadata the sketch leaves); the pages

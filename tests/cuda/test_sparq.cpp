@@ -6,8 +6,10 @@
 // scaled past e4m3's 448 to test saturation), rounded before the CPU sees them. Outputs poisoned (0xFF: NaN floats
 // and e4m3 NaN bytes, page id -1) before every launch.
 //
-// Tolerances: the sketch, the scores and the selection are exact (every product of an fp16 q and an e4m3 key is
-// exact in fp32 and both sides sum the chosen channels in ascending order; kernels/select/sparq_rule.h). The model:
+// Tolerances: the sketch and the page values are exact (every product of an fp16 q and an e4m3 key is exact in fp32
+// and both sides sum the chosen channels in ascending order; kernels/select/sparq_rule.h). The selection: identical,
+// except that the heads' shares (fp32 exp and sums in different orders on the two sides) may swap pages whose
+// reference row scores are within 1e-4 relative (near-ties, counted, at most 10% of the rows). The model:
 // logits rel_err <= 5e-2 per step against the CPU backend (the CUDA model tests' tolerance) and the same greedy
 // tokens; the CPU backend's keys are fp32 where the GPU rounds them to fp16 before the sketch, so this level is not
 // bit-exact.
@@ -15,6 +17,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -163,27 +166,41 @@ TEST(SparqCuda, SketchIsTheKeysInE4m3) {
     }
 }
 
-// The reference row scores of the complete pages: each head's sparq_page_scores_ref aggregated like the selector.
-std::vector<float> reference_scores(const Shape& s, const Input& in, int rows) {
+// The reference page values of every head: scale * sparq_page_scores_ref (fp32), -inf at the last page.
+std::vector<float> reference_lse(const Shape& s, const Input& in) {
     const QuestSelectArgs a = reference_args(s, in);
-    const int G = s.num_heads / s.num_kv_heads, P = (s.len + s.page_size - 1) / s.page_size, n = P - 1;
-    const int mp = in.c.max_pages;
-    std::vector<float> out(static_cast<size_t>(rows) * mp, NAN);
+    const int G = s.num_heads / s.num_kv_heads, P = (s.len + s.page_size - 1) / s.page_size, mp = in.c.max_pages;
+    std::vector<float> out(static_cast<size_t>(s.num_heads) * mp, NAN);
     for (int kvh = 0; kvh < s.num_kv_heads; ++kvh) {
         const std::vector<int> ch = sparq_channels_ref(a, kvh);
         for (int g = 0; g < G; ++g) {
-            const std::vector<float> u = sparq_page_scores_ref(a, kvh * G + g, kvh, ch, n);
-            for (int p = 0; p < n; ++p) {
-                if (s.policy == GqaPolicy::PerHead) {
-                    out[static_cast<size_t>(kvh * G + g) * mp + p] = u[p];
-                } else {
-                    float& r = out[static_cast<size_t>(kvh) * mp + p];
-                    r = g == 0 ? u[p] : s.policy == GqaPolicy::KvSum ? r + u[p] : std::max(r, u[p]);
-                }
-            }
+            const std::vector<float> u = sparq_page_scores_ref(a, kvh * G + g, kvh, ch, P - 1);
+            for (int p = 0; p < P - 1; ++p) out[static_cast<size_t>(kvh * G + g) * mp + p] = a.scale * u[p];
+            out[static_cast<size_t>(kvh * G + g) * mp + P - 1] = -INFINITY;
         }
     }
     return out;
+}
+
+// The reference row scores (the heads' shares aggregated by the policy), for the near-tie rule.
+std::vector<float> reference_row(const Shape& s, const Input& in, int r) {
+    const QuestSelectArgs a = reference_args(s, in);
+    const int G = s.num_heads / s.num_kv_heads, P = (s.len + s.page_size - 1) / s.page_size;
+    const bool per_head = s.policy == GqaPolicy::PerHead;
+    const int kvh = per_head ? r / G : r;
+    const std::vector<int> ch = sparq_channels_ref(a, kvh);
+    std::vector<float> row;
+    for (int g = 0; g < G; ++g) {
+        const int h = kvh * G + g;
+        if (per_head && h != r) continue;
+        const std::vector<float> w = sparq_page_shares_ref(sparq_page_scores_ref(a, h, kvh, ch, P - 1), a.scale);
+        if (row.empty()) {
+            row = w;
+            continue;
+        }
+        for (int p = 0; p < P - 1; ++p) row[p] = s.policy == GqaPolicy::KvSum ? row[p] + w[p] : std::max(row[p], w[p]);
+    }
+    return row;
 }
 
 TEST(SparqCuda, ScoresAreTheReferenceBits) {
@@ -192,24 +209,23 @@ TEST(SparqCuda, ScoresAreTheReferenceBits) {
         SCOPED_TRACE(describe(s));
         const int cap = capacity_for(s);
         Input in = make_input(s, cap, 23);
-        test::QuestBuffers ws(s, in.c.max_pages, 0, sparq::budget(s.page_size, s.head_dim, 1));
-        ws.poison();
+        DeviceBuffer<float> lse(sparq_workspace_floats(s.num_heads, in.c.max_pages));
+        lse.fill_bytes(0xFF);
         sparq_sketch_write(in.sketch(), in.c.view(), 0, s.len - 1, nullptr);  // the step writes token len - 1
         const DeviceBuffer<int> pos = position(s.len);
-        sparq_page_scores(ws.scores.get(), in.sketch(), in.dq.get(), in.c.view(), pos.get(), s.num_heads,
-                          s.page_budget, s.policy, nullptr);
-        const int rows = quest_selection_rows(s.num_heads, s.num_kv_heads, s.policy);
-        const std::vector<float> got = ws.scores.download(), want = reference_scores(s, in, rows);
+        sparq_page_lse(lse.get(), in.sketch(), in.dq.get(), in.c.view(), pos.get(), s.num_heads, s.page_budget,
+                       1.0f / std::sqrt(static_cast<float>(s.head_dim)), nullptr);
+        const std::vector<float> got = lse.download(), want = reference_lse(s, in);
         const int P = (s.len + s.page_size - 1) / s.page_size;
-        for (int r = 0; r < rows; ++r)
+        for (int h = 0; h < s.num_heads; ++h)
             for (int p = 0; p < in.c.max_pages; ++p) {
-                const float g = got[static_cast<size_t>(r) * in.c.max_pages + p];
-                if (p >= P - 1) {
-                    ASSERT_TRUE(std::isnan(g)) << "row " << r << " page " << p << ": written beyond the candidates";
+                const float g = got[static_cast<size_t>(h) * in.c.max_pages + p];
+                if (p >= P) {
+                    ASSERT_TRUE(std::isnan(g)) << "head " << h << " page " << p << ": written beyond the pages";
                     continue;
                 }
-                const float w = want[static_cast<size_t>(r) * in.c.max_pages + p];
-                ASSERT_EQ(std::memcmp(&g, &w, sizeof g), 0) << "row " << r << " page " << p << ": " << g << " vs " << w;
+                const float w = want[static_cast<size_t>(h) * in.c.max_pages + p];
+                ASSERT_EQ(std::memcmp(&g, &w, sizeof g), 0) << "head " << h << " page " << p << ": " << g << " vs " << w;
             }
         // The step wrote its token's sketch.
         const std::vector<uint8_t> k8 = in.k8.download();
@@ -224,12 +240,12 @@ TEST(SparqCuda, DenseStepWritesTheTokenAndNoScores) {
     QUEST_REQUIRE_GPU();
     const Shape s{8, 2, 64, 16, 60, 4, GqaPolicy::KvSum};  // P = 4 <= K
     Input in = make_input(s, 128, 5);
-    test::QuestBuffers ws(s, in.c.max_pages);
-    ws.poison();
+    DeviceBuffer<float> lse(sparq_workspace_floats(s.num_heads, in.c.max_pages));
+    lse.fill_bytes(0xFF);
     const DeviceBuffer<int> pos = position(s.len);
-    sparq_page_scores(ws.scores.get(), in.sketch(), in.dq.get(), in.c.view(), pos.get(), s.num_heads, s.page_budget,
-                      s.policy, nullptr);
-    for (float v : ws.scores.download()) ASSERT_TRUE(std::isnan(v));
+    sparq_page_lse(lse.get(), in.sketch(), in.dq.get(), in.c.view(), pos.get(), s.num_heads, s.page_budget, 0.125f,
+                   nullptr);
+    for (float v : lse.download()) ASSERT_TRUE(std::isnan(v));
     const std::vector<uint8_t> k8 = in.k8.download();
     for (int h = 0; h < s.num_kv_heads; ++h)
         for (int c = 0; c < s.head_dim; ++c)
@@ -245,6 +261,7 @@ TEST(SparqCuda, DenseStepWritesTheTokenAndNoScores) {
 
 TEST(SparqCuda, DecodeSelectsTheReferencePages) {
     QUEST_REQUIRE_GPU();
+    int rows_checked = 0, near_ties = 0;
     for (const Shape& s : kShapes) {
         SCOPED_TRACE(describe(s));
         const int cap = capacity_for(s);
@@ -257,8 +274,10 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
         sparq_sketch_write(in.sketch(), in.c.view(), 0, s.len - 1, nullptr);
         const DeviceBuffer<int> pos = position(s.len);
         DeviceBuffer<__half> out(static_cast<size_t>(s.num_heads) * s.head_dim);
-        sparq_decode(out.get(), in.sketch(), in.dq.get(), in.c.view(), pos.get(), s.num_heads, s.page_budget, s.policy,
-                     1.0f / std::sqrt(static_cast<float>(s.head_dim)), ws.ws(), nullptr);
+        DeviceBuffer<float> lse(sparq_workspace_floats(s.num_heads, in.c.max_pages));
+        lse.fill_bytes(0xFF);
+        sparq_decode(out.get(), in.sketch(), lse.get(), in.dq.get(), in.c.view(), pos.get(), s.num_heads,
+                     s.page_budget, s.policy, 1.0f / std::sqrt(static_cast<float>(s.head_dim)), ws.ws(), nullptr);
         Selection ref;
         select_blocks_ref(reference_args(s, in), ref);
         const int rows = quest_selection_rows(s.num_heads, s.num_kv_heads, s.policy);
@@ -268,8 +287,22 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
             const std::vector<int>& want = ref.blocks[s.policy == GqaPolicy::PerHead ? r : r * G];
             const std::vector<int> got(sel.begin() + static_cast<size_t>(r) * stride,
                                        sel.begin() + static_cast<size_t>(r) * stride + want.size());
-            ASSERT_EQ(got, want) << "row " << r;
             if (static_cast<int>(want.size()) < stride) ASSERT_EQ(sel[static_cast<size_t>(r) * stride + want.size()], -1);
+            ++rows_checked;
+            if (got == want) continue;
+            // The shares are fp32 on both sides, summed in different orders: only near-ties may swap.
+            ASSERT_EQ(got.back(), want.back());
+            std::vector<int> swapped;
+            std::set_symmetric_difference(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(swapped));
+            const std::vector<float> score = reference_row(s, in, r);
+            float lo = INFINITY, hi = -INFINITY;
+            for (int p : swapped) {
+                ASSERT_LT(p, static_cast<int>(score.size())) << "row " << r;
+                lo = std::min(lo, score[p]);
+                hi = std::max(hi, score[p]);
+            }
+            EXPECT_LE(hi - lo, 1e-9f + 1e-4f * hi) << "row " << r << ": " << swapped.size() << " pages swapped";
+            ++near_ties;
         }
         // Bytes-matched: more pages than K where the sketch's bytes leave room (half of Quest's metadata at S = 16).
         const int P = (s.len + s.page_size - 1) / s.page_size;
@@ -277,6 +310,8 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
             EXPECT_GT(static_cast<int>(ref.blocks[0].size()), s.page_budget);
         for (const __half& h : out.download()) ASSERT_TRUE(std::isfinite(__half2float(h)));
     }
+    std::printf("[sparq selection] %d rows, %d differ from the reference at a near-tie\n", rows_checked, near_ties);
+    EXPECT_LE(near_ties * 10, rows_checked) << "near-ties must stay rare";
 }
 
 // The token's RoPE + append folded into the scoring launch against rope_append_kv then the unfolded launch: the
@@ -319,14 +354,17 @@ TEST(SparqCuda, RopeAppendInScoringMatchesSeparateLaunch) {
         for (auto* buf : {&qa, &qb, &oa, &ob}) buf->fill_bytes(0xFF);
         const float scale = 1.0f / std::sqrt(static_cast<float>(D));
         rope_append_kv(qa.get(), a.c.view(), dqkv.get(), pos.get(), 1, s.num_heads, rope, nullptr);
-        sparq_decode(oa.get(), a.sketch(), qa.get(), a.c.view(), pos.get(), s.num_heads, s.page_budget, s.policy, scale,
-                     wa.ws(), nullptr);
+        DeviceBuffer<float> la(sparq_workspace_floats(s.num_heads, a.c.max_pages)), lb(la.size());
+        la.fill_bytes(0xFF);
+        lb.fill_bytes(0xFF);
+        sparq_decode(oa.get(), a.sketch(), la.get(), qa.get(), a.c.view(), pos.get(), s.num_heads, s.page_budget,
+                     s.policy, scale, wa.ws(), nullptr);
         QuestRopeAppend ra;
         ra.qkv = dqkv.get();
         ra.q_out = qb.get();
         ra.rope = rope;
-        sparq_decode(ob.get(), b.sketch(), qb.get(), b.c.view(), pos.get(), s.num_heads, s.page_budget, s.policy, scale,
-                     wb.ws(), nullptr, &ra);
+        sparq_decode(ob.get(), b.sketch(), lb.get(), qb.get(), b.c.view(), pos.get(), s.num_heads, s.page_budget,
+                     s.policy, scale, wb.ws(), nullptr, &ra);
         CUDA_CHECK(cudaDeviceSynchronize());
         auto bits = [](const std::vector<__half>& v) {
             std::vector<uint16_t> o(v.size());
