@@ -5,11 +5,11 @@
 //   - every key is kept a second time as an fp8 e4m3, channel-major sketch, so that reading channel c of a page is
 //     one contiguous run of S bytes;
 //   - a step picks per KV head the r = D / 8 channels (fewer for pages above 16 tokens: sparq_rule.h) where the
-//     group's queries are largest (sum of |q|), scores
-//     every token of every complete page on those channels, ranks a page by its best token, and reads as many
-//     pages as fit in the bytes fp16 Quest reads at the same step after its own (r * S bytes per page plus the
-//     D-byte append of the token's sketch): at S = 16 its own bytes are half of Quest's metadata, the other half
-//     buys pages.
+//     group's queries are largest (sum of |q|), scores every token of every complete page on those channels, gives
+//     each head's page its best token's value, normalises each head's pages to shares (as the oracle does with true
+//     masses), sums the shares over the group, and reads as many pages as fit in the bytes fp16 Quest reads at the
+//     same step after its own (r * S bytes per page plus the D-byte append of the token's sketch): at S = 16 its
+//     own bytes are half of Quest's metadata, the other half buys pages.
 // The rules (channel choice, rounding, sums, page count) are in kernels/select/sparq_rule.h, shared with the CUDA
 // kernels (kernels/select/sparq.cuh). Quest's bound ranks a page by the sum of per-channel extremes that usually
 // come from different keys; a token's approximate logit keeps which key has which values, which is what separates
