@@ -102,7 +102,8 @@ std::vector<Setting<QuestSettings>> make_table() {
     auto& sel = add(entry("selector", "--selector", K::Enum, &QuestSettings::selector,
                           "page selector: quest (the paper), streaming (first + recent pages), oracle (true attention "
                           "mass; evaluation only, reads every key), two-level (coarse shortlist re-ranked by sub-page "
-                          "bounds; CPU)"));
+                          "bounds; CPU), sparq (pages ranked by their best token on the query's largest channels, "
+                          "from an fp8 key sketch; docs/quest.md)"));
     sel.choices_now = selector_names;
 
     auto& meta = add(entry("metadata", "--metadata", K::Enum, &QuestSettings::metadata,
