@@ -2,6 +2,7 @@
 // rounding against values of the format worked by hand, the channel choice and the selection against a brute force
 // written from the header's definitions, the dense step, and the bytes: never above fp16 Quest's at the same step,
 // the page count the largest that fits, the bytes model (step_reads) equal to what the running selector counts.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,8 +11,14 @@
 #include <set>
 #include <vector>
 
+#include "kernels/common/error.h"
 #include "kernels/select/quest.h"
 #include "kernels/select/registry.h"
+#include "model/cpu/llama_cpu.h"
+#include "model/io/make_model.h"
+#include "model/io/safetensors.h"
+#include "model/io/weights.h"
+#include "test_util.h"
 #include "kernels/select/sparq.h"
 #include "kernels/select/sparq_rule.h"
 
@@ -258,6 +265,37 @@ TEST(Sparq, NeedsTheKeys) {
     a.keys = nullptr;
     Selection sel;
     EXPECT_THROW(select_blocks_ref(a, sel), std::invalid_argument);
+}
+
+// The CPU backend refuses a page size the rule cannot serve (a page's sketch would exceed half of Quest's
+// metadata of it), naming the selector and both numbers, before anything runs; at a page size it serves, it decodes
+// and counts its own bytes.
+TEST(Sparq, CpuBackendRefusesPagesAboveTwiceTheHeadDim) {
+    const auto dir = test::temp_dir("sparq_cpu_backend");
+    const ModelConfig c = parse_model_config(
+        R"({"hidden_size": 48, "intermediate_size": 80, "num_hidden_layers": 3, "num_attention_heads": 8,
+            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97, "max_position_embeddings": 1024})",
+        "inline");
+    write_random_llama(dir, c, {7, DType::F32});
+    auto w = std::make_shared<LlamaWeightsF32>(load_llama_weights_f32(ModelFiles(dir), c));
+    QuestSettings q;
+    q.selector = PageSelector::Sparq;
+    q.page_size = 64;  // > 2 x head_dim 16
+    EXPECT_THAT([&] { CpuLlama b(w, q, 400); },
+                testing::ThrowsMessage<InputError>(testing::AllOf(testing::HasSubstr("sparq"),
+                                                                   testing::HasSubstr("head_dim 16"),
+                                                                   testing::HasSubstr("page size 64"))));
+    q.page_size = 4;
+    q.budget = 12;
+    q.dense_layers = 1;
+    CpuLlama b(w, q, 400);
+    std::vector<int> prompt(300);
+    for (int i = 0; i < 300; ++i) prompt[i] = 3 + (i * 31) % 90;
+    b.prefill(prompt);
+    b.reset_read_stats();
+    const auto l = b.decode(5);
+    for (float x : l) ASSERT_TRUE(std::isfinite(x));
+    EXPECT_GT(b.read_stats()->metadata_bytes_per_step(), 0.0);  // the sketch's bytes, counted
 }
 
 }  // namespace
