@@ -36,6 +36,7 @@
 #include "../test_util.h"
 #include "cuda_model_util.h"
 #include "cuda_test_util.h"
+#include "follow_cpu.h"
 #include "model/core/backend.h"
 #include "engine/eval.h"
 #include "model/core/quest_settings.h"
@@ -445,24 +446,8 @@ TEST(PageOracleCuda, TrainedModelFollowsCpu) {
         cpu.prefill(p.prefill);
         gpu->prefill(p.prefill);
         gpu_quest->prefill(p.prefill);
-        std::vector<float> la, lb, lq;
-        double worst = 0, vs_quest = 0;
-        auto step = [&](int t) {
-            const auto a = cpu.decode(t);
-            la.assign(a.begin(), a.end());
-            const auto b = gpu->decode(t);
-            lb.assign(b.begin(), b.end());
-            const double err = test::rel_err(lb, la);
-            EXPECT_LE(err, 5e-2) << "position " << gpu->position();
-            worst = std::max(worst, err);
-        };
-        for (int t : p.question) {
-            step(t);
-            const auto c = gpu_quest->decode(t);
-            lq.assign(c.begin(), c.end());
-            vs_quest = std::max(vs_quest, test::rel_err(lq, lb));
-        }
-        // The bytes model: the oracle reads every key where Quest reads the complete pages' fp16 min/max.
+        // The bytes model (both at the prompt's end, a selecting step): the oracle reads every key where Quest reads
+        // the complete pages' fp16 min/max.
         {
             const size_t len = static_cast<size_t>(gpu->position()), P = (len + 15) / 16;
             const size_t layers = static_cast<size_t>(m.config.num_layers - q.dense_layers);
@@ -471,22 +456,13 @@ TEST(PageOracleCuda, TrainedModelFollowsCpu) {
             EXPECT_EQ(gpu->decode_bytes() + layers * m.config.num_kv_heads * per_layer_head_quest,
                       gpu_quest->decode_bytes() + layers * m.config.num_kv_heads * per_layer_head_oracle);
         }
-        std::vector<int> ta, tb;
-        int a = test::argmax(la), b = test::argmax(lb);
-        for (int i = 0; i < gen; ++i) {
-            ta.push_back(a);
-            tb.push_back(b);
-            if (a != b) break;  // the streams diverged (reported below): the logits no longer compare
-            step(a);
-            a = test::argmax(la);
-            b = test::argmax(lb);
-        }
-        EXPECT_EQ(tb, ta) << "cpu: " << tok.decode(ta) << " | gpu: " << tok.decode(tb);
+        const test::FollowCpu f = test::follow_cpu(cpu, *gpu, *gpu_quest, p.question, gen);
+        EXPECT_EQ(f.gpu_tokens, f.cpu_tokens) << "cpu: " << tok.decode(f.cpu_tokens) << " | gpu: " << tok.decode(f.gpu_tokens);
         std::printf("[oracle %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g)\n",
-                    std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(ta).c_str(), tok.decode(tb).c_str(),
-                    worst, vs_quest);
+                    std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(f.cpu_tokens).c_str(),
+                    tok.decode(f.gpu_tokens).c_str(), f.worst, f.vs_other);
         // The oracle path really runs: Quest at the same budget selects other pages somewhere along the question.
-        EXPECT_GT(vs_quest, 2 * worst) << "oracle and quest must differ at B = 64 of ~1024 tokens";
+        EXPECT_GT(f.vs_other, 2 * f.worst) << "oracle and quest must differ at B = 64 of ~1024 tokens";
     }
 }
 

@@ -28,6 +28,7 @@
 #include "../test_util.h"
 #include "cuda_model_util.h"
 #include "cuda_test_util.h"
+#include "follow_cpu.h"
 #include "engine/eval.h"
 #include "kernels/select/quest.h"
 #include "kernels/select/sparq.cuh"
@@ -287,7 +288,9 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
             const std::vector<int>& want = ref.blocks[s.policy == GqaPolicy::PerHead ? r : r * G];
             const std::vector<int> got(sel.begin() + static_cast<size_t>(r) * stride,
                                        sel.begin() + static_cast<size_t>(r) * stride + want.size());
-            if (static_cast<int>(want.size()) < stride) ASSERT_EQ(sel[static_cast<size_t>(r) * stride + want.size()], -1);
+            if (static_cast<int>(want.size()) < stride) {
+                ASSERT_EQ(sel[static_cast<size_t>(r) * stride + want.size()], -1);
+            }
             ++rows_checked;
             if (got == want) continue;
             // The shares are fp32 on both sides, summed in different orders: only near-ties may swap.
@@ -306,8 +309,9 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
         }
         // Bytes-matched: more pages than K where the sketch's bytes leave room (half of Quest's metadata at S = 16).
         const int P = (s.len + s.page_size - 1) / s.page_size;
-        if (s.page_size == 16 && P > 4 * s.page_budget)
+        if (s.page_size == 16 && P > 4 * s.page_budget) {
             EXPECT_GT(static_cast<int>(ref.blocks[0].size()), s.page_budget);
+        }
         for (const __half& h : out.download()) ASSERT_TRUE(std::isfinite(__half2float(h)));
     }
     std::printf("[sparq selection] %d rows, %d differ from the reference at a near-tie\n", rows_checked, near_ties);
@@ -421,40 +425,14 @@ TEST(SparqCuda, TrainedModelFollowsCpu) {
         cpu.prefill(p.prefill);
         gpu->prefill(p.prefill);
         gpu_quest->prefill(p.prefill);
-        std::vector<float> la, lb, lq;
-        double worst = 0, vs_quest = 0;
-        auto step = [&](int t) {
-            const auto a = cpu.decode(t);
-            la.assign(a.begin(), a.end());
-            const auto b = gpu->decode(t);
-            lb.assign(b.begin(), b.end());
-            const double err = test::rel_err(lb, la);
-            EXPECT_LE(err, 5e-2) << "position " << gpu->position();
-            worst = std::max(worst, err);
-        };
-        for (int t : p.question) {
-            step(t);
-            const auto c = gpu_quest->decode(t);
-            lq.assign(c.begin(), c.end());
-            vs_quest = std::max(vs_quest, test::rel_err(lq, lb));
-        }
-        // The bytes model: never above Quest's at the same step.
+        // The bytes model (both at the prompt's end): never above Quest's at the same step.
         EXPECT_LE(gpu->decode_bytes(), gpu_quest->decode_bytes());
-        std::vector<int> ta, tb;
-        int a = test::argmax(la), b = test::argmax(lb);
-        for (int i = 0; i < gen; ++i) {
-            ta.push_back(a);
-            tb.push_back(b);
-            if (a != b) break;
-            step(a);
-            a = test::argmax(la);
-            b = test::argmax(lb);
-        }
-        EXPECT_EQ(tb, ta) << "cpu: " << tok.decode(ta) << " | gpu: " << tok.decode(tb);
+        const test::FollowCpu f = test::follow_cpu(cpu, *gpu, *gpu_quest, p.question, gen);
+        EXPECT_EQ(f.gpu_tokens, f.cpu_tokens) << "cpu: " << tok.decode(f.cpu_tokens) << " | gpu: " << tok.decode(f.gpu_tokens);
         std::printf("[sparq %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g)\n",
-                    std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(ta).c_str(), tok.decode(tb).c_str(),
-                    worst, vs_quest);
-        EXPECT_GT(vs_quest, 2 * worst) << "sparq and quest must differ at B = 64 of ~1024 tokens";
+                    std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(f.cpu_tokens).c_str(),
+                    tok.decode(f.gpu_tokens).c_str(), f.worst, f.vs_other);
+        EXPECT_GT(f.vs_other, 2 * f.worst) << "sparq and quest must differ at B = 64 of ~1024 tokens";
     }
 }
 
