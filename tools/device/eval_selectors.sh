@@ -3,11 +3,14 @@
 # retrieval sets of .evalsets/ (tools/make_retrieval_data.py eval-set, made on the development machine and carried),
 # for the trained demo model and SmolLM2-135M-Instruct (its GGUF at models/smollm2/, when there), then the 7B-shape
 # step time of quest and sparq at 32K, B = 2048, alternated in this one call.
-# Run on the GPU machine from the repository root after `. tools/device/env.sh`. Writes $OUT/eval-*.{json,log} and
-# $OUT/ab-selectors.txt; prints every table.
+# Run on the GPU machine from the repository root (it sources tools/device/env.sh; the sets travel packed as
+# .device-pack/evalsets.txz: `tar cf - .evalsets | xz > .device-pack/evalsets.txz` here). Writes
+# $OUT/eval-*.{json,log} and $OUT/ab-selectors.txt; prints every table.
 #   SETS="demo:demo-mk4k smol:smol-mk4k ..."   (model:set pairs; default: every set of .evalsets/ with its model)
 #   POLICIES=quest,quest+int4+m,oracle,sparq  BUDGETS=full,64,256  ROUNDS=3  BENCH=1
 set -u
+. "$(dirname "$0")/env.sh"
+[ -d .evalsets ] || { [ -f .device-pack/evalsets.txz ] && xz -dc .device-pack/evalsets.txz | tar xf -; }
 POLICIES=${POLICIES:-quest,quest+int4+m,oracle,sparq}
 BUDGETS=${BUDGETS:-full,64,256}
 smol=models/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
