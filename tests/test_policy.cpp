@@ -949,13 +949,16 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     q.gqa_policy = pol;
                     check(q, len);
                 }
-    // The streaming (no metadata) and oracle (every key, keys_scanned) selectors: what the CUDA backend runs besides
-    // quest.
-    for (PageSelector sel : {PageSelector::Streaming, PageSelector::Oracle, PageSelector::Sparq})
+    // The streaming (no metadata), oracle (every key, keys_scanned) and sparq (its sketch; K pages and bytes-matched)
+    // selectors: what the CUDA backend runs besides quest.
+    const std::pair<PageSelector, bool> others[] = {{PageSelector::Streaming, false}, {PageSelector::Oracle, false},
+                                                    {PageSelector::Sparq, false}, {PageSelector::Sparq, true}};
+    for (const auto& [sel, match] : others)
         for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
             for (int len : {10, 46, 333}) {
                 QuestSettings q;
                 q.selector = sel;
+                q.match_bytes = match;
                 q.gqa_policy = pol;
                 const double meta = check(q, len);
                 if (sel == PageSelector::Oracle && len > 12) {  // a selecting step: the key pass in the metadata part
@@ -963,5 +966,5 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     EXPECT_EQ(meta, keys) << q.policy_label() << " len " << len;
                 }
             }
-    EXPECT_EQ(checked, 72 + 27);
+    EXPECT_EQ(checked, 72 + 36);
 }

@@ -121,11 +121,13 @@ const std::vector<Case> kCases = {
 
 TEST(Sparq, SelectionEqualsBruteForce) {
     int checked = 0;
+    for (bool match : {false, true})
     for (const Case& c : kCases) {
         SCOPED_TRACE(testing::Message() << "H=" << c.heads << " Hkv=" << c.kv_heads << " D=" << c.d << " S=" << c.s
-                                        << " len=" << c.len << " B=" << c.budget);
+                                        << " len=" << c.len << " B=" << c.budget << (match ? " bytes-matched" : ""));
         const Inputs in = make(c, 1234 + c.len);
-        const QuestSelectArgs a = args(c, in);
+        QuestSelectArgs a = args(c, in);
+        a.match_bytes = match;
         Selection sel;
         select_blocks_ref(a, sel);
         const int G = c.heads / c.kv_heads, P = (c.len + c.s - 1) / c.s, last = P - 1, K = c.budget / c.s;
@@ -137,6 +139,7 @@ TEST(Sparq, SelectionEqualsBruteForce) {
         Case ck = c;
         ck.budget = K;
         const Budget bud = brute_budget(ck, rows_per_kv);
+        const int n = match ? bud.pages : K - 1;  // pages besides the last
         for (int kvh = 0; kvh < c.kv_heads; ++kvh) {
             // Channels: the r largest sum |q| over the group, ties to the lower channel.
             std::vector<double> w(c.d, 0.0);
@@ -169,16 +172,16 @@ TEST(Sparq, SelectionEqualsBruteForce) {
                 for (double& b : best[g]) b = std::exp(scale * b - m) / z;
             }
             auto check_row = [&](const std::vector<double>& score, int head) {
-                // Top bud.pages by score (ties: lower page), plus the last page. The double arithmetic equals the
+                // Top n by score (ties: lower page), plus the last page. The double arithmetic equals the
                 // reference's fp32 up to rounding: a page whose score is within 1e-5 relative of the cut may swap.
                 std::vector<int> order(last);
                 for (int p = 0; p < last; ++p) order[p] = p;
                 std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return score[x] > score[y]; });
-                std::set<int> want(order.begin(), order.begin() + bud.pages);
+                std::set<int> want(order.begin(), order.begin() + n);
                 const std::vector<int>& got = sel.blocks[head];
-                ASSERT_EQ(static_cast<int>(got.size()), bud.pages + 1);
+                ASSERT_EQ(static_cast<int>(got.size()), n + 1);
                 EXPECT_EQ(got.back(), last);
-                const double cut = bud.pages > 0 && bud.pages < last ? score[order[bud.pages - 1]] : 0.0;
+                const double cut = n > 0 && n < last ? score[order[n - 1]] : 0.0;
                 for (int i = 0; i + 1 < static_cast<int>(got.size()); ++i)
                     if (!want.count(got[i])) {
                         EXPECT_NEAR(score[got[i]], cut, 1e-5 * std::fabs(cut) + 1e-12) << got[i];
@@ -203,7 +206,7 @@ TEST(Sparq, SelectionEqualsBruteForce) {
         EXPECT_EQ(sel.reads.sketch_bytes,
                   c.kv_heads * (static_cast<int64_t>(last) * c.s * std::min(c.d / 8, 2 * c.d / c.s) + c.d));
     }
-    EXPECT_GT(checked, 20);
+    EXPECT_GT(checked, 40);
 }
 
 TEST(Sparq, NeverReadsMoreThanQuestAndStepReadsAgree) {
@@ -220,36 +223,46 @@ TEST(Sparq, NeverReadsMoreThanQuestAndStepReadsAgree) {
                         const Budget b = brute_budget(c, rows_per_kv);
                         const int last_tokens = len - (P - 1) * s;
                         EXPECT_EQ(sparq::matched_pages(P - 1, last_tokens, s, K, d, rows_per_kv), b.pages);
-                        StepShape sh;
-                        sh.len = len;
-                        sh.page_size = s;
-                        sh.num_kv_heads = kv;
-                        sh.rows = pol == GqaPolicy::PerHead ? heads : kv;
-                        sh.head_dim = d;
-                        sh.page_budget = K;
-                        const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
-                        EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
-                            << "d " << d << " s " << s << " B " << budget << " len " << len;
-                        EXPECT_EQ(r.kv_tokens, static_cast<int64_t>(sh.rows) * (static_cast<int64_t>(b.pages) * s + last_tokens));
+                        const codes::MatchedBudget m = sparq::budget(s, d, rows_per_kv);
+                        EXPECT_EQ(codes::step_pages(len, s, K, m), b.pages + 1);
+                        for (int kv_pages : {K, b.pages + 1}) {  // K pages, bytes-matched
+                            StepShape sh;
+                            sh.len = len;
+                            sh.page_size = s;
+                            sh.num_kv_heads = kv;
+                            sh.rows = pol == GqaPolicy::PerHead ? heads : kv;
+                            sh.kv_pages = kv_pages;
+                            sh.head_dim = d;
+                            const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
+                            EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
+                                << "d " << d << " s " << s << " B " << budget << " len " << len;
+                            EXPECT_EQ(r.kv_tokens, static_cast<int64_t>(sh.rows) *
+                                                       (static_cast<int64_t>(kv_pages - 1) * s + last_tokens));
+                            EXPECT_EQ(r.sketch_bytes, kv * sparq::own_bytes(P - 1, s, d));
+                        }
                         ++checked;
                     }
     EXPECT_GT(checked, 100);
 }
 
 TEST(Sparq, StepReadsEqualTheRunningSelector) {
+    for (bool match : {false, true})
     for (const Case& c : kCases) {
         const Inputs in = make(c, 99 + c.d);
-        const QuestSelectArgs a = args(c, in);
+        QuestSelectArgs a = args(c, in);
+        a.match_bytes = match;
         Selection sel;
         select_blocks_ref(a, sel);
         if (sel.reads.dense) continue;
+        const int rows_per_kv = c.policy == GqaPolicy::PerHead ? c.heads / c.kv_heads : 1;
         StepShape sh;
         sh.len = c.len;
         sh.page_size = c.s;
         sh.num_kv_heads = c.kv_heads;
         sh.rows = c.policy == GqaPolicy::PerHead ? c.heads : c.kv_heads;
+        sh.kv_pages = codes::step_pages(c.len, c.s, a.page_budget,
+                                        match ? sparq::budget(c.s, c.d, rows_per_kv) : codes::MatchedBudget{});
         sh.head_dim = c.d;
-        sh.page_budget = a.page_budget;
         const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
         EXPECT_EQ(r.sketch_bytes, sel.reads.sketch_bytes);
         EXPECT_EQ(r.kv_tokens, sel.reads.kv_tokens);

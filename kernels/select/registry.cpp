@@ -52,9 +52,9 @@ std::vector<PageSelectorDef>& registry() {
          oracle_policy_ref, oracle_reads},
         {"two-level", "coarse page bounds shortlist, sub-page bounds re-rank (CPU)",
          kUsesMetadataFormat | kUsesMassTarget | kUsesMatchBytes | kUsesSubPages, two_level_select_ref, nullptr},
-        {"sparq", "top pages by their best token's logit on the query's largest D/8 channels (fp8 key sketch), as "
-                  "many as fit in fp16 Quest's bytes",
-         0, sparq_select_ref, sparq_step_reads},
+        {"sparq", "top pages by their best token's logit on the query's largest D/8 channels (fp8 key sketch); "
+                  "with match_bytes as many as fit in fp16 Quest's bytes",
+         kUsesMatchBytes, sparq_select_ref, sparq_step_reads},
     };
     return defs;
 }

@@ -34,10 +34,8 @@ struct StepShape {
     int num_kv_heads = 0;
     int rows = 0;          // selection rows: KV heads, or query heads under the per-head policy
     int kv_pages = 0;      // pages whose keys and values each row reads, the last (partial) page included
-                           // (by the settings' budget: K, or the matched count; a selector with a budget of its
-                           // own, sparq, computes its count from the fields below)
-    int head_dim = 0;
-    int page_budget = 0;   // K
+                           // (K, or with match_bytes the settings' matched count: codes::step_pages)
+    int head_dim = 0;      // D (sparq's sketch bytes)
 };
 
 struct PageSelectorDef {

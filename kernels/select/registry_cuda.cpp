@@ -37,20 +37,25 @@ void oracle_layer(const CudaSelectArgs& a) {  // every key read for the true pag
                             a.ws, a.stream);
 }
 
-void sparq_layer(const CudaSelectArgs& a) {  // token scores on the sketch, Quest's top-k (matched) and attention
+void sparq_layer(const CudaSelectArgs& a) {  // token scores on the sketch, Quest's top-k and attention
     if (!a.sketch) throw std::logic_error("sparq_layer: the backend keeps no key sketch for this layer");
     sparq_decode(a.out, *a.sketch, a.workspace, a.q, a.kv, a.d_pos, a.num_heads, a.page_budget, a.policy, a.scale,
-                 a.ws, a.stream, a.rope);
+                 a.match, a.ws, a.stream, a.rope);
 }
 bool sparq_folds_rope(const CudaSelectArgs&) { return true; }  // the token's RoPE + append in the scoring launch
+const float* sparq_scores(const CudaSelectArgs& a) {
+    return sparq_row_scores(a.workspace, a.ws, a.num_heads, a.kv.num_kv_heads, a.policy);
+}
+
+const float* ws_scores(const CudaSelectArgs& a) { return a.ws.scores; }
 
 // The built-in selectors the CUDA backend runs (two-level runs on the CPU backend only).
 std::map<PageSelector, CudaSelectorOps>& registry() {
     static std::map<PageSelector, CudaSelectorOps> ops = {
-        {PageSelector::Quest, {quest_layer, quest_folds_rope, nullptr, true}},
-        {PageSelector::Streaming, {streaming_layer, nullptr, nullptr, false}},
-        {PageSelector::Oracle, {oracle_layer, nullptr, oracle_workspace_floats, true}},
-        {PageSelector::Sparq, {sparq_layer, sparq_folds_rope, sparq_workspace_floats, true}},
+        {PageSelector::Quest, {quest_layer, quest_folds_rope, nullptr, ws_scores}},
+        {PageSelector::Streaming, {streaming_layer, nullptr, nullptr, nullptr}},
+        {PageSelector::Oracle, {oracle_layer, nullptr, oracle_workspace_floats, ws_scores}},
+        {PageSelector::Sparq, {sparq_layer, sparq_folds_rope, sparq_workspace_floats, sparq_scores}},
     };
     return ops;
 }

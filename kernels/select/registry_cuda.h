@@ -43,8 +43,9 @@ struct CudaSelectorOps {
     bool (*folds_rope_append)(const CudaSelectArgs& a) = nullptr;
     // Floats of the selector's own scratch (CudaSelectArgs::workspace), planned with the backend's memory. Null: none.
     size_t (*workspace_floats)(int num_heads, int max_pages) = nullptr;
-    // True when decode_layer leaves each row's page scores in ws.scores (CudaOptions::record_selections reads them).
-    bool writes_scores = false;
+    // Where decode_layer leaves the page scores its top-k ranked, [rows][kv.max_pages] (a.ws.scores, or a buffer of
+    // its own; CudaOptions::record_selections copies them). Null: it ranks no scores.
+    const float* (*row_scores)(const CudaSelectArgs& a) = nullptr;
 };
 
 // The CUDA definition of a registered selector; null when the CUDA backend does not run it.

@@ -28,7 +28,7 @@ enum class PageSelector : int {
     TwoLevel,   // coarse page bounds pick a shortlist, sub-page bounds (uint8, rounded outward) re-rank it; the
                 // selection is made of sub-pages (two_level_select_ref)
     Sparq,      // pages ranked by their best token's approximate logit on the query's largest channels, from an
-                // fp8 channel-major key sketch; bytes-matched to fp16 Quest (kernels/select/sparq.h)
+                // fp8 channel-major key sketch; top-(K-1), or bytes-matched to fp16 Quest (kernels/select/sparq.h)
 };
 
 // Storage format of the page bounds a bound-based selector (quest, two-level's coarse level) reads.

@@ -72,12 +72,21 @@ void sparq_select_ref(const QuestSelectArgs& a, Selection& out) {
     const int S = a.page_size, P = pages_of(a.len, S), last = P - 1, G = group_of(a);
     out.block_size = S;
     out.reads.sketch_bytes = static_cast<int64_t>(a.num_kv_heads) * sparq::own_bytes(last, S, a.head_dim);
-    const int n = sparq_matched_pages(a);
+    const int n = a.match_bytes ? sparq_matched_pages(a) : a.page_budget - 1;
+    const bool one_head_rows = a.policy == GqaPolicy::PerHead || G == 1;  // ranked by v itself (sparq_rule.h)
     for (int kvh = 0; kvh < a.num_kv_heads; ++kvh) {
         const std::vector<int> ch = sparq_channels_ref(a, kvh);
         std::vector<std::vector<float>> u;
-        for (int g = 0; g < G; ++g)
-            u.push_back(sparq_page_shares_ref(sparq_page_scores_ref(a, kvh * G + g, kvh, ch, last), a.scale));
+        for (int g = 0; g < G; ++g) {
+            const std::vector<float> score = sparq_page_scores_ref(a, kvh * G + g, kvh, ch, last);
+            if (one_head_rows) {
+                std::vector<float> v(score.size());
+                for (size_t p = 0; p < v.size(); ++p) v[p] = a.scale * score[p];
+                u.push_back(std::move(v));
+            } else {
+                u.push_back(sparq_page_shares_ref(score, a.scale));
+            }
+        }
         auto take = [&](const std::vector<float>& score, const std::vector<int>& heads) {
             std::vector<int> pages = top_k_ref(score, n);
             std::sort(pages.begin(), pages.end());
@@ -102,8 +111,8 @@ void sparq_select_ref(const QuestSelectArgs& a, Selection& out) {
 
 SelectionReads sparq_step_reads(const StepShape& s) {
     const int S = s.page_size, P = pages_of(s.len, S), last = P - 1;
-    const int64_t rows_per_kv = s.rows / s.num_kv_heads, last_tokens = s.len - static_cast<int64_t>(last) * S;
-    const int n = sparq::matched_pages(last, last_tokens, S, s.page_budget, s.head_dim, rows_per_kv);
+    const int64_t last_tokens = s.len - static_cast<int64_t>(last) * S;
+    const int n = s.kv_pages - 1;  // K - 1, or bytes-matched sparq::matched_pages (codes::step_pages, sparq::budget)
     SelectionReads r;
     r.sketch_bytes = static_cast<int64_t>(s.num_kv_heads) * sparq::own_bytes(last, S, s.head_dim);
     r.kv_tokens = static_cast<int64_t>(s.rows) * (static_cast<int64_t>(n) * S + last_tokens);

@@ -274,6 +274,11 @@ void require_view(const KeySketchView& sk, const KvLayerView& kv) {
 
 size_t sparq_workspace_floats(int num_heads, int max_pages) { return oracle_workspace_floats(num_heads, max_pages); }
 
+const float* sparq_row_scores(const float* lse, const QuestWorkspace& ws, int num_heads, int num_kv_heads,
+                              GqaPolicy policy) {
+    return policy == GqaPolicy::PerHead || num_heads == num_kv_heads ? lse : ws.scores;
+}
+
 size_t key_sketch_bytes(int num_kv_heads, int head_dim, int capacity) {
     return static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim) * static_cast<size_t>(capacity);
 }
@@ -327,15 +332,24 @@ void sparq_page_lse(float* lse, const KeySketchView& sk, const __half* q, const 
 
 void sparq_decode(__half* out, const KeySketchView& sk, float* lse, const __half* q, const KvLayerView& kv,
                   const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, float scale,
-                  const QuestWorkspace& ws, cudaStream_t stream, const QuestRopeAppend* rope) {
+                  const MatchedBudget& match, const QuestWorkspace& ws, cudaStream_t stream,
+                  const QuestRopeAppend* rope) {
     QUEST_REQUIRE(ws.scores && ws.selected && lse, "null pointer");
     const int rows = quest_selection_rows(num_heads, kv.num_kv_heads, policy);
-    const MatchedBudget match = sparq::budget(kv.page_size, kv.head_dim, policy == GqaPolicy::PerHead ? num_heads / kv.num_kv_heads : 1);
+    if (match.on()) {
+        const MatchedBudget own = sparq::budget(kv.page_size, kv.head_dim, policy == GqaPolicy::PerHead ? num_heads / kv.num_kv_heads : 1);
+        QUEST_REQUIRE(match.meta_bytes == own.meta_bytes && match.head_dim == own.head_dim && match.rows == own.rows &&
+                          match.fixed_bytes == own.fixed_bytes,
+                      "a matched budget must be sparq::budget of the layer's shape");
+    }
     sparq_page_lse(lse, sk, q, kv, d_pos, num_heads, page_budget, scale, stream, rope);
-    oracle_row_scores(ws.scores, nullptr, lse, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, kv.page_size,
-                      page_budget, policy, stream, kv.window);
+    // A row of one head ranks v itself (sparq_rule.h): lse is its score row (stride max_pages, the last page -inf).
+    const float* scores = sparq_row_scores(lse, ws, num_heads, kv.num_kv_heads, policy);
+    if (scores != lse)
+        oracle_row_scores(ws.scores, nullptr, lse, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, kv.page_size,
+                          page_budget, policy, stream, kv.window);
     const int stride = quest_select_capacity(kv.max_pages, kv.page_size, page_budget, match);
-    quest_top_k(ws.selected, ws.scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, match, stride,
+    quest_top_k(ws.selected, scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, match, stride,
                 kv.window);
     attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream, match);
 }

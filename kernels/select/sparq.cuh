@@ -5,9 +5,9 @@
 //   1. sparq_page_lse: per KV head the r = D / 8 channels of the group's largest sum |q|, every token of every
 //      complete page scored on them, each head's page value scale * (its best token's score); the same launch
 //      writes the current token's sketch (and, folded in, does its RoPE + KV append);
-//   2. oracle_row_scores (kernels/select/page_oracle.cuh): per head the pages' shares exp(v - M) / Z, aggregated per
-//      selection row;
-//   3. quest_top_k with the selector's matched budget (sparq::budget), then attention_decode_sparse: Quest's own.
+//   2. rows of several heads (kv-sum, kv-max with a group above 1): oracle_row_scores (kernels/select/page_oracle.cuh),
+//      per head the pages' shares exp(v - M) / Z, aggregated per row; rows of one head rank v itself (no launch);
+//   3. quest_top_k (K pages, or bytes-matched with sparq::budget), then attention_decode_sparse: Quest's own.
 // The page values are sparq_page_scores_ref's bits times scale (tests/cuda/test_sparq.cpp); the shares are fp32 on
 // both sides with sums in different orders, so the selections are the CPU's up to swaps at near-ties.
 // Graph capture: as every Quest launcher (kernels/select/quest.cuh): the length is read on the device, the launch
@@ -52,12 +52,18 @@ void sparq_page_lse(float* lse, const KeySketchView& sk, const __half* q, const 
                     int num_heads, int page_budget, float scale, cudaStream_t stream,
                     const QuestRopeAppend* rope = nullptr);
 
-// Steps 1-3 and the attention: one Quest layer of a decode step with the sparq selector. ws sized by
-// quest_workspace_sizes with the same matched budget (sparq::budget); lse: [num_heads][kv.max_pages] floats
-// (sparq_workspace_floats).
+// Steps 1-3 and the attention: one Quest layer of a decode step with the sparq selector, reading K = page_budget
+// pages, or with a matched budget (match.on(): sparq::budget of this shape, the settings' match_bytes) as many as fit
+// in fp16 Quest's bytes (codes::step_pages). ws sized by quest_workspace_sizes with the same match; lse:
+// [num_heads][kv.max_pages] floats (sparq_workspace_floats).
 size_t sparq_workspace_floats(int num_heads, int max_pages);
+// The scores sparq_decode's top-k ranks, [rows][kv.max_pages]: lse itself when every row is one head (per-head, or a
+// group of one), else the aggregated shares in ws.scores.
+const float* sparq_row_scores(const float* lse, const QuestWorkspace& ws, int num_heads, int num_kv_heads,
+                              GqaPolicy policy);
 void sparq_decode(__half* out, const KeySketchView& sk, float* lse, const __half* q, const KvLayerView& kv,
                   const int* d_pos, int num_heads, int page_budget, GqaPolicy policy, float scale,
-                  const QuestWorkspace& ws, cudaStream_t stream, const QuestRopeAppend* rope = nullptr);
+                  const MatchedBudget& match, const QuestWorkspace& ws, cudaStream_t stream,
+                  const QuestRopeAppend* rope = nullptr);
 
 }  // namespace quest

@@ -7,9 +7,11 @@
 //   - a step picks per KV head the r = D / 8 channels (fewer for pages above 16 tokens: sparq_rule.h) where the
 //     group's queries are largest (sum of |q|), scores every token of every complete page on those channels, gives
 //     each head's page its best token's value, normalises each head's pages to shares (as the oracle does with true
-//     masses), sums the shares over the group, and reads as many pages as fit in the bytes fp16 Quest reads at the
-//     same step after its own (r * S bytes per page plus the D-byte append of the token's sketch): at S = 16 its
-//     own bytes are half of Quest's metadata, the other half buys pages.
+//     masses) and sums them over the group (a row of one head ranks the values themselves), and reads the top K
+//     pages as Quest does: its own bytes (r * S per
+//     page plus the D-byte append of the token's sketch) are half of Quest's metadata at S = 16. With match_bytes
+//     (`sparq+m`) the other half buys pages: as many as fit in the bytes fp16 Quest reads at the same step
+//     (sparq::matched_pages), which costs the attention kernel time in proportion (docs/quest.md, "sparq").
 // The rules (channel choice, rounding, sums, page count) are in kernels/select/sparq_rule.h, shared with the CUDA
 // kernels (kernels/select/sparq.cuh). Quest's bound ranks a page by the sum of per-channel extremes that usually
 // come from different keys; a token's approximate logit keeps which key has which values, which is what separates
@@ -32,7 +34,7 @@ std::vector<float> sparq_page_scores_ref(const QuestSelectArgs& a, int h, int kv
 // fp32 (Z summed in page order).
 std::vector<float> sparq_page_shares_ref(const std::vector<float>& scores, float scale);
 
-// The pages besides the last that a selecting step of this layer reads (sparq::matched_pages).
+// The pages besides the last that a bytes-matched selecting step of this layer reads (sparq::matched_pages).
 int sparq_matched_pages(const QuestSelectArgs& a);
 
 // The selector's CPU reference (select_blocks_ref's contract). Needs a.keys ([num_kv_heads][key_capacity][D]).

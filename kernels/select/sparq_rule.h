@@ -15,14 +15,17 @@
 //              log of the page's mass if its best token were all of it), and its estimated share of the head's
 //              attention w_h(p) = exp(v_h(p) - M_h) / Z_h over the complete pages (M_h their largest v, Z_h the sum
 //              of exp(v - M_h)): the oracle's normalisation (page_oracle.cuh), so that every head of a group
-//              weighs the same whatever the scale of its logits. A selection row aggregates its heads' shares like
-//              every selector (kv-sum: sum in head order, kv-max: max, per-head: its own). Summing raw logits
-//              instead let the heads with the largest logits rank the pages (measured: docs/quest.md).
-//   budget     bytes-matched to fp16 Quest: the selector's own bytes are r * S per complete page (the r channels'
-//              bytes of its S tokens) plus D for the current token's sketch (written once per step; with at least
-//              one complete page it fits in the half of Quest's metadata the sketch leaves); the pages
-//              besides the last are as many as fit in fp16 Quest's bytes at the same step after those
-//              (sparq_matched_pages, codes::matched_pages with the append write as fixed bytes).
+//              weighs the same whatever the scale of its logits. A selection row of several heads aggregates
+//              their shares like every selector (kv-sum: sum in head order, kv-max: max). Summing raw logits
+//              instead let the heads with the largest logits rank the pages (measured: docs/quest.md). A row of
+//              one head (per-head, or a group of one) ranks by v itself: its shares are monotone in v, and v
+//              needs no normalisation pass (on the GPU, no launch).
+//   budget     K pages (the last one included), as Quest. Bytes-matched (match_bytes) to fp16 Quest: the
+//              selector's own bytes are r * S per complete page (the r channels' bytes of its S tokens) plus D for
+//              the current token's sketch (written once per step; with at least one complete page it fits in the
+//              half of Quest's metadata the sketch leaves); the pages besides the last are as many as fit in fp16
+//              Quest's bytes at the same step after those (sparq_matched_pages, codes::matched_pages with the
+//              append write as fixed bytes).
 #include <cmath>
 #include <cstdint>
 

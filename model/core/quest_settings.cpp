@@ -128,8 +128,8 @@ std::vector<Setting<QuestSettings>> make_table() {
     mass.hidden_when_off = true, mass.relevant = takes_mass_target;
 
     auto& match = add(entry("match_bytes", "--match-bytes", K::Bool, &QuestSettings::match_bytes,
-                            "quest, two-level: read as many pages (sub-pages) as fit in fp16 Quest's bytes per step, "
-                            "not B tokens (cuda: the quest selector)"));
+                            "quest, two-level, sparq: read as many pages (sub-pages) as fit in fp16 Quest's bytes per "
+                            "step, not B tokens (cuda: quest and sparq)"));
     match.short_name = "match_bytes", match.token = "m", match.label_rank = 6, match.hidden_when_off = true;
     match.relevant = takes_match_bytes;
 

@@ -27,7 +27,7 @@ struct QuestSettings {
     int shortlist = 4;        // two-level: pages shortlisted = shortlist * (K - 1)
     int sub_page = 4;         // two-level: tokens per sub-page (power of two < page_size)
     double mass_target = 0;   // adaptive budget: 0 off, else (0, 1]: fewest pages whose estimated mass reaches it
-    bool match_bytes = false; // quest, two-level: read as many (sub-)pages as fit in fp16 Quest's bytes at the step
+    bool match_bytes = false; // quest, two-level, sparq: read as many (sub-)pages as fit in fp16 Quest's bytes at the step
     // quest: 0 off; else in [-1, 1]: a Quest layer keeps its last selection, without reading metadata, while the
     // page count is unchanged and every query head's cosine similarity to its query at that selection is >=
     // reuse_cos (a new page, or a query that moved, selects afresh; -1: whenever the page is unchanged). CPU backend.

@@ -205,13 +205,14 @@ void CudaLlama::enqueue_attention(int l, float scale) {
         }
         selector_->decode_layer(a);
         mark("attention selected");
-    }
-    if (quest_.quest_layer(l) && opts_.record_selections) {
-        const size_t sel = quest_selected_.size(), sc = quest_scores_.size();
-        CUDA_CHECK(cudaMemcpyAsync(selection_log_.get() + l * sel, quest_selected_.get(), sel * sizeof(int),
-                                   cudaMemcpyDeviceToDevice, stream_));
-        CUDA_CHECK(cudaMemcpyAsync(score_log_.get() + l * sc, quest_scores_.get(), sc * sizeof(float),
-                                   cudaMemcpyDeviceToDevice, stream_));
+        if (opts_.record_selections) {
+            const size_t sel = quest_selected_.size(), sc = quest_scores_.size();
+            CUDA_CHECK(cudaMemcpyAsync(selection_log_.get() + l * sel, quest_selected_.get(), sel * sizeof(int),
+                                       cudaMemcpyDeviceToDevice, stream_));
+            if (selector_->row_scores)  // [rows][max_pages]: sc floats
+                CUDA_CHECK(cudaMemcpyAsync(score_log_.get() + l * sc, selector_->row_scores(a), sc * sizeof(float),
+                                           cudaMemcpyDeviceToDevice, stream_));
+        }
     }
 }
 

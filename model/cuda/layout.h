@@ -10,7 +10,7 @@
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry.h"
 #include "kernels/select/registry_cuda.h"
-#include "kernels/select/sparq_rule.h"
+#include "model/core/step_bytes.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/io/weights.h"
 
@@ -77,14 +77,6 @@ inline bool uses_key_sketch(const QuestSettings& q) { return !q.full_attention &
 // Layers that run Quest selection (and keep page codes when uses_page_codes).
 inline int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {
     return q.full_attention ? 0 : std::max(0, c.num_layers - q.dense_layers);
-}
-
-// The device-side bytes-matched budget of the settings (off unless the quest selector with match_bytes).
-inline MatchedBudget settings_match(const ModelConfig& c, const QuestSettings& q) {
-    if (!q.full_attention && q.selector == PageSelector::Sparq)  // bytes-matched by construction
-        return sparq::budget(q.page_size, c.head_dim, q.gqa_policy == GqaPolicy::PerHead ? c.num_heads / c.num_kv_heads : 1);
-    if (q.full_attention || !q.takes(kUsesMatchBytes) || !q.match_bytes) return {};
-    return matched_budget(q.metadata, c.head_dim, c.num_heads, c.num_kv_heads, q.gqa_policy);
 }
 
 // FP16 elements of the prefill GEMMs' scratch: the largest LinearFormatOps::gemm_scratch of the layout (0 when

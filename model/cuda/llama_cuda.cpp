@@ -211,10 +211,10 @@ KeySketchView CudaLlama::sketch_view(int layer) const {
 SelectionTrace CudaLlama::last_selection(int layer) const {
     if (!opts_.record_selections || selection_log_.size() == 0)
         throw std::logic_error("last_selection: needs CudaOptions::record_selections and Quest layers");
-    if (layer < 0 || layer >= c_.num_layers || !quest_.quest_layer(layer) || !cuda_selector_ops(quest_.selector)->writes_scores ||
-        match_.on())
+    if (layer < 0 || layer >= c_.num_layers || !quest_.quest_layer(layer) || !cuda_selector_ops(quest_.selector)->row_scores ||
+        (match_.on() && c_.attention_window(layer) > 0))
         throw std::logic_error("last_selection: layer " + std::to_string(layer) +
-                               " is not a Quest layer of a selector that scores pages, with a fixed budget");
+                               " is not a Quest layer of a selector that scores pages (bytes-matched: without a window)");
     const int rows = quest_selection_rows(c_.num_heads, c_.num_kv_heads, quest_.gqa_policy);
     const int K = quest_.page_budget(), S = quest_.page_size;
     // A sliding window: the step selected among the pages from f on, its scores in entries 0, 1, ... (quest.cuh).
@@ -227,7 +227,9 @@ SelectionTrace CudaLlama::last_selection(int layer) const {
     CUDA_CHECK(cudaMemcpy(pages.data(), selection_log_.get() + layer * sel, sel * sizeof(int), cudaMemcpyDeviceToHost));
     CUDA_CHECK(cudaMemcpy(scores.data(), score_log_.get() + layer * sc, sc * sizeof(float), cudaMemcpyDeviceToHost));
     SelectionTrace t;
-    const int group = c_.num_heads / c_.num_kv_heads, count = std::min(P, K);
+    // Pages per row: K (or every page at a dense step); bytes-matched, the device's count at this length.
+    const int group = c_.num_heads / c_.num_kv_heads,
+              count = match_.on() ? codes::step_pages(pos_, S, K, match_) : std::min(P, K);
     for (int h = 0; h < c_.num_heads; ++h) {
         const int r = rows == c_.num_heads ? h : h / group;
         const int* row = pages.data() + static_cast<size_t>(r) * (sel / rows);

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -14,16 +15,18 @@
 namespace quest::test {
 
 struct FollowCpu {
-    double worst = 0;     // the largest rel_err of the CUDA logits against the CPU's, over every step
+    double worst = 0;     // the largest rel_err of the CUDA logits against the CPU's, over the compared steps
     double vs_other = 0;  // the largest rel_err of `other`'s logits against the CUDA backend's, over the question
+    int steps = 0, parted = 0;  // steps decoded; those whose selections parted (logits not compared)
     std::vector<int> cpu_tokens, gpu_tokens;  // the greedy answers, up to the first disagreement
 };
 
 // Feeds `question` to cpu, gpu and other (a second CUDA backend with other settings, for comparison), then decodes
 // up to `gen` greedy tokens on cpu and gpu while they agree. Every step's CUDA logits must be within `tol` of the
-// CPU's (EXPECT, naming the position).
+// CPU's (EXPECT, naming the position), except at steps where `agree` (optional, called after each step's decodes)
+// says the two backends' selections parted: attending other pages, their logits do not compare (r.parted).
 inline FollowCpu follow_cpu(Backend& cpu, Backend& gpu, Backend& other, std::span<const int> question, int gen,
-                            double tol = 5e-2) {
+                            double tol = 5e-2, const std::function<bool()>& agree = {}) {
     FollowCpu r;
     std::vector<float> la, lb, lo;
     auto step = [&](int t) {
@@ -31,6 +34,11 @@ inline FollowCpu follow_cpu(Backend& cpu, Backend& gpu, Backend& other, std::spa
         la.assign(a.begin(), a.end());
         const auto b = gpu.decode(t);
         lb.assign(b.begin(), b.end());
+        ++r.steps;
+        if (agree && !agree()) {
+            ++r.parted;
+            return;
+        }
         const double err = rel_err(lb, la);
         EXPECT_LE(err, tol) << "position " << gpu.position();
         r.worst = std::max(r.worst, err);

@@ -137,6 +137,7 @@ const std::vector<Shape> kShapes = {
     {9, 3, 64, 16, 2047, 4, GqaPolicy::KvMax},     {12, 3, 64, 32, 3001, 8, GqaPolicy::PerHead},
     {16, 2, 256, 64, 1500, 4, GqaPolicy::KvSum},   {8, 1, 16, 16, 777, 4, GqaPolicy::KvMax},
     {56, 8, 128, 16, 5000, 32, GqaPolicy::KvSum},  {4, 4, 32, 16, 530, 2, GqaPolicy::PerHead},
+    {32, 32, 128, 16, 4100, 16, GqaPolicy::KvSum},  // the 7B shape: rows of one head rank v (no shares launch)
 };
 
 int capacity_for(const Shape& s) { return ((s.len + 40 + s.page_size - 1) / s.page_size) * s.page_size; }
@@ -194,7 +195,12 @@ std::vector<float> reference_row(const Shape& s, const Input& in, int r) {
     for (int g = 0; g < G; ++g) {
         const int h = kvh * G + g;
         if (per_head && h != r) continue;
-        const std::vector<float> w = sparq_page_shares_ref(sparq_page_scores_ref(a, h, kvh, ch, P - 1), a.scale);
+        std::vector<float> w = sparq_page_scores_ref(a, h, kvh, ch, P - 1);
+        if (per_head || G == 1) {  // a row of one head ranks v itself (sparq_rule.h)
+            for (float& x : w) x *= a.scale;
+        } else {
+            w = sparq_page_shares_ref(w, a.scale);
+        }
         if (row.empty()) {
             row = w;
             continue;
@@ -263,13 +269,14 @@ TEST(SparqCuda, DenseStepWritesTheTokenAndNoScores) {
 TEST(SparqCuda, DecodeSelectsTheReferencePages) {
     QUEST_REQUIRE_GPU();
     int rows_checked = 0, near_ties = 0;
+    for (bool matched : {false, true})
     for (const Shape& s : kShapes) {
-        SCOPED_TRACE(describe(s));
+        SCOPED_TRACE(describe(s) + (matched ? " bytes-matched" : ""));
         const int cap = capacity_for(s);
         Input in = make_input(s, cap, 41);
         test::upload_page_metadata(in.c, (s.len + s.page_size - 1) / s.page_size);
         const int rows_per_kv = s.policy == GqaPolicy::PerHead ? s.num_heads / s.num_kv_heads : 1;
-        const MatchedBudget match = sparq::budget(s.page_size, s.head_dim, rows_per_kv);
+        const MatchedBudget match = matched ? sparq::budget(s.page_size, s.head_dim, rows_per_kv) : MatchedBudget{};
         test::QuestBuffers ws(s, in.c.max_pages, 0, match);
         ws.poison();
         sparq_sketch_write(in.sketch(), in.c.view(), 0, s.len - 1, nullptr);
@@ -278,9 +285,12 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
         DeviceBuffer<float> lse(sparq_workspace_floats(s.num_heads, in.c.max_pages));
         lse.fill_bytes(0xFF);
         sparq_decode(out.get(), in.sketch(), lse.get(), in.dq.get(), in.c.view(), pos.get(), s.num_heads,
-                     s.page_budget, s.policy, 1.0f / std::sqrt(static_cast<float>(s.head_dim)), ws.ws(), nullptr);
+                     s.page_budget, s.policy, 1.0f / std::sqrt(static_cast<float>(s.head_dim)), match, ws.ws(),
+                     nullptr);
+        QuestSelectArgs ra = reference_args(s, in);
+        ra.match_bytes = matched;
         Selection ref;
-        select_blocks_ref(reference_args(s, in), ref);
+        select_blocks_ref(ra, ref);
         const int rows = quest_selection_rows(s.num_heads, s.num_kv_heads, s.policy);
         const int G = s.num_heads / s.num_kv_heads, stride = ws.sz.select_stride;
         const std::vector<int> sel = ws.selected.download();
@@ -304,13 +314,17 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
                 lo = std::min(lo, score[p]);
                 hi = std::max(hi, score[p]);
             }
-            EXPECT_LE(hi - lo, 1e-9f + 1e-4f * hi) << "row " << r << ": " << swapped.size() << " pages swapped";
+            EXPECT_LE(hi - lo, 1e-9f + 1e-4f * std::fabs(hi)) << "row " << r << ": " << swapped.size() << " pages swapped";
             ++near_ties;
         }
-        // Bytes-matched: more pages than K where the sketch's bytes leave room (half of Quest's metadata at S = 16).
+        // Bytes-matched: more pages than K where the sketch's bytes leave room (half of Quest's metadata at S = 16);
+        // else K.
         const int P = (s.len + s.page_size - 1) / s.page_size;
-        if (s.page_size == 16 && P > 4 * s.page_budget) {
+        if (matched && s.page_size == 16 && P > 4 * s.page_budget) {
             EXPECT_GT(static_cast<int>(ref.blocks[0].size()), s.page_budget);
+        }
+        if (!matched && P > s.page_budget) {
+            EXPECT_EQ(static_cast<int>(ref.blocks[0].size()), s.page_budget);
         }
         for (const __half& h : out.download()) ASSERT_TRUE(std::isfinite(__half2float(h)));
     }
@@ -362,13 +376,13 @@ TEST(SparqCuda, RopeAppendInScoringMatchesSeparateLaunch) {
         la.fill_bytes(0xFF);
         lb.fill_bytes(0xFF);
         sparq_decode(oa.get(), a.sketch(), la.get(), qa.get(), a.c.view(), pos.get(), s.num_heads, s.page_budget,
-                     s.policy, scale, wa.ws(), nullptr);
+                     s.policy, scale, match, wa.ws(), nullptr);
         QuestRopeAppend ra;
         ra.qkv = dqkv.get();
         ra.q_out = qb.get();
         ra.rope = rope;
         sparq_decode(ob.get(), b.sketch(), lb.get(), qb.get(), b.c.view(), pos.get(), s.num_heads, s.page_budget,
-                     s.policy, scale, wb.ws(), nullptr, &ra);
+                     s.policy, scale, match, wb.ws(), nullptr, &ra);
         CUDA_CHECK(cudaDeviceSynchronize());
         auto bits = [](const std::vector<__half>& v) {
             std::vector<uint16_t> o(v.size());
@@ -410,15 +424,19 @@ TEST(SparqCuda, TrainedModelFollowsCpu) {
     const PasskeyPrompt p = make_passkey_prompt(tok, 1024, 0.5, 12345);
     const int gen = 6;
     const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + gen + 8;
+    for (bool match : {false, true})
     for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
         QuestSettings q;
         q.page_size = 16;
         q.budget = 64;
         q.gqa_policy = pol;
         q.selector = PageSelector::Sparq;
+        q.match_bytes = match;
         SCOPED_TRACE(q.describe());
         CpuLlama cpu(w, q, cap);
-        auto gpu = CudaLlama::from_folder(m, q, cap);
+        CudaOptions o;
+        o.record_selections = true;
+        auto gpu = CudaLlama::from_folder(m, q, cap, o);
         QuestSettings qq = q;
         qq.selector = PageSelector::Quest;
         auto gpu_quest = CudaLlama::from_folder(m, qq, cap);
@@ -427,11 +445,35 @@ TEST(SparqCuda, TrainedModelFollowsCpu) {
         gpu_quest->prefill(p.prefill);
         // The bytes model (both at the prompt's end): never above Quest's at the same step.
         EXPECT_LE(gpu->decode_bytes(), gpu_quest->decode_bytes());
-        const test::FollowCpu f = test::follow_cpu(cpu, *gpu, *gpu_quest, p.question, gen);
+        // The two backends' activations differ (fp16 against fp32), and the sketch rounds keys to 3 mantissa bits:
+        // a key near an e4m3 rounding boundary rounds to neighbours 12.5% apart on the two sides, so a step's
+        // selections may part well away from a near-tie of the scores (seen on the H200: 1-7 of 17 steps, 4-20 of
+        // 544 head rows, the swapped pages' shares 6-30% apart). Such steps are not compared; they must stay rare (a
+        // wrong channel choice or score parts nearly every row).
+        int rows = 0, rows_parted = 0;
+        auto agree = [&] {
+            bool same = true;
+            for (int l = q.dense_layers; l < m.config.num_layers; ++l) {
+                const SelectionTrace g = gpu->last_selection(l);
+                const auto& c = cpu.last_selection()[static_cast<size_t>(l)];
+                for (size_t h = 0; h < g.pages.size(); ++h) {
+                    std::vector<int> a = g.pages[h], b = c[h];
+                    std::sort(a.begin(), a.end());
+                    std::sort(b.begin(), b.end());
+                    ++rows;
+                    if (a != b) ++rows_parted, same = false;
+                }
+            }
+            return same;
+        };
+        const test::FollowCpu f = test::follow_cpu(cpu, *gpu, *gpu_quest, p.question, gen, 5e-2, agree);
         EXPECT_EQ(f.gpu_tokens, f.cpu_tokens) << "cpu: " << tok.decode(f.cpu_tokens) << " | gpu: " << tok.decode(f.gpu_tokens);
-        std::printf("[sparq %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g)\n",
-                    std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(f.cpu_tokens).c_str(),
-                    tok.decode(f.gpu_tokens).c_str(), f.worst, f.vs_other);
+        std::printf("[sparq%s %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g); "
+                    "selections parted in %d of %d steps, %d of %d head rows\n",
+                    match ? "+m" : "", std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(f.cpu_tokens).c_str(),
+                    tok.decode(f.gpu_tokens).c_str(), f.worst, f.vs_other, f.parted, f.steps, rows_parted, rows);
+        EXPECT_LE(rows_parted * 10, rows) << "selections parted in more than 10% of the head rows";
+        EXPECT_LE(f.parted * 2, f.steps) << "selections parted in more than half of the steps";
         EXPECT_GT(f.vs_other, 2 * f.worst) << "sparq and quest must differ at B = 64 of ~1024 tokens";
     }
 }
