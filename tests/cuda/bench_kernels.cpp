@@ -26,6 +26,9 @@
 #include "kernels/linear/gemv_int4_kernels.cuh"
 #include "kernels/select/page_codes.cuh"
 #include "kernels/select/quest.cuh"
+#include "kernels/select/page_oracle.cuh"
+#include "kernels/select/sparq.cuh"
+#include "kernels/select/sparq_rule.h"
 #include "engine/timing.h"
 #include "model/core/config.h"
 #include "model/cuda/llama_cuda.h"
@@ -527,6 +530,124 @@ void bench_quest_codes() {
     }
 }
 
+
+// One Quest layer of the Llama-2-7B shape (32 heads, 32 KV heads, D = 128, S = 16, kv-sum, B = 2048) with the sparq
+// selector (K pages, and bytes-matched: sparq+m) against fp16 Quest, at 4K and 32K tokens: whole layers captured 16
+// to a graph (per layer, PDL between the launches as in the step), alternated in two rounds; then the selection
+// stages cumulatively in graphs (Quest: scores; + top-k. sparq: scores; + shares; + top-k), then sparq's launches
+// alone. Bytes per layer: Quest metadata + its 128 pages' K and V; sparq the r = 16 chosen sketch rows of every
+// complete page + the current token's sketch + its pages' K and V. KV, metadata and sketches rotate over 3 copies
+// (> the 60 MB L2). No RoPE folded in on either side (the step folds it in both).
+void bench_sparq() {
+    const int NH = 32, NKV = 32, D = 128, S = 16, B = 2048, K = B / S, kLayers = 16, copies = 3;
+    const GqaPolicy pol = GqaPolicy::KvSum;
+    cudaStream_t cap_stream;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&cap_stream, cudaStreamNonBlocking));
+    for (int L : {4096, 32768}) {
+        const int pages = L / S;
+        const size_t kv_elems = size_t(NKV) * L * D, meta_elems = size_t(NKV) * pages * D;
+        DeviceBuffer<__half> k(kv_elems * copies), v(kv_elems * copies), kmin(meta_elems * copies),
+            kmax(meta_elems * copies), q(size_t(NH) * D), out(size_t(NH) * D);
+        DeviceBuffer<uint8_t> k8(key_sketch_bytes(NKV, D, L) * copies);
+        fill_random_half(k.get(), k.size(), 33, 1.0f, 0.0f, nullptr);
+        fill_random_half(v.get(), v.size(), 34, 1.0f, 0.0f, nullptr);
+        fill_random_half(q.get(), q.size(), 35, 1.0f, 0.0f, nullptr);
+        std::vector<KvLayerView> views(copies);
+        std::vector<KeySketchView> sks(copies);
+        for (int c = 0; c < copies; ++c) {
+            views[c] = {k.get() + kv_elems * c, v.get() + kv_elems * c, kmin.get() + meta_elems * c,
+                        kmax.get() + meta_elems * c, NKV, D, L, S, pages};
+            page_metadata_rebuild(views[c], 0, pages - 1, L, nullptr);
+            sks[c] = {k8.get() + key_sketch_bytes(NKV, D, L) * c, NKV, D, L};
+            sparq_sketch_write(sks[c], views[c], 0, L, nullptr);
+        }
+        DeviceBuffer<int> pos(1);
+        pos.upload(std::vector<int>{L - 1});
+        const MatchedBudget m = sparq::budget(S, D, 1), off{};
+        const QuestWorkspaceSizes qs0 = quest_workspace_sizes(NH, NKV, D, S, pages, K, pol);
+        const QuestWorkspaceSizes qs1 = quest_workspace_sizes(NH, NKV, D, S, pages, K, pol, 0, m);
+        auto make_ws = [](const QuestWorkspaceSizes& qs, DeviceBuffer<float>& f, DeviceBuffer<int>& i) {
+            f = DeviceBuffer<float>(qs.scores + qs.partial_o + qs.partial_ml);
+            i = DeviceBuffer<int>(qs.selected + qs.counters);
+            i.fill_bytes(0);
+            QuestWorkspace w;
+            w.scores = f.get();
+            w.partial_o = f.get() + qs.scores;
+            w.partial_ml = f.get() + qs.scores + qs.partial_o;
+            w.selected = i.get();
+            w.counters = i.get() + qs.selected;
+            return w;
+        };
+        DeviceBuffer<float> f0, f1, lse(sparq_workspace_floats(NH, pages));
+        DeviceBuffer<int> i0, i1;
+        const QuestWorkspace w0 = make_ws(qs0, f0, i0), w1 = make_ws(qs1, f1, i1);
+        const int n1 = codes::step_pages(L, S, K, m);  // sparq's pages per KV head (the last one included)
+        const double quest_bytes = 2.0 * meta_elems * 2 + 2.0 * NKV * double(std::min(B, L)) * D * 2;
+        const double sketch_bytes = double(NKV) * double(sparq::own_bytes(pages - 1, S, D));
+        const double sparq_bytes = sketch_bytes + 2.0 * NKV * double(std::min(B, L)) * D * 2;
+        const double sparq_m_bytes = sketch_bytes + 2.0 * NKV * double(n1) * S * D * 2;
+        auto graph_ms = [&](const std::function<void(int, cudaStream_t)>& body) {
+            body(0, cap_stream);
+            CUDA_CHECK(cudaStreamSynchronize(cap_stream));
+            cudaGraph_t graph;
+            cudaGraphExec_t exec;
+            CUDA_CHECK(cudaStreamBeginCapture(cap_stream, cudaStreamCaptureModeThreadLocal));
+            for (int l = 0; l < kLayers; ++l) body(l, cap_stream);
+            CUDA_CHECK(cudaStreamEndCapture(cap_stream, &graph));
+            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+            const double t = time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 30, 3) / kLayers;
+            CUDA_CHECK(cudaGraphExecDestroy(exec));
+            CUDA_CHECK(cudaGraphDestroy(graph));
+            return t;
+        };
+        const std::string tag = "L=" + std::to_string(L) + " B=" + std::to_string(B);
+        const int rows = quest_selection_rows(NH, NKV, pol);
+        auto sp_scores = [&](int l, cudaStream_t st) {
+            sparq_page_lse(lse.get(), sks[l % copies], q.get(), views[l % copies], pos.get(), NH, K, 0.088f, st);
+        };
+        auto sp_rows = [&](cudaStream_t st) {
+            oracle_row_scores(w1.scores, nullptr, lse.get(), pos.get(), NH, NKV, pages, S, K, pol, st);
+        };
+        const int stride = quest_select_capacity(pages, S, K, m);
+        auto sp_topk = [&](cudaStream_t st) { quest_top_k(w1.selected, w1.scores, pages, pos.get(), rows, S, K, st, m, stride); };
+        for (int round = 0; round < 2; ++round) {
+            report("quest " + tag + " graph x16, per layer", graph_ms([&](int l, cudaStream_t st) {
+                       quest_decode(out.get(), q.get(), views[l % copies], pos.get(), NH, K, pol, 0.088f, w0, st);
+                   }), quest_bytes);
+            report("sparq " + tag + " graph x16, per layer (" + std::to_string(K) + " pages)",
+                   graph_ms([&](int l, cudaStream_t st) {
+                       sparq_decode(out.get(), sks[l % copies], lse.get(), q.get(), views[l % copies], pos.get(), NH,
+                                    K, pol, 0.088f, off, w0, st);
+                   }), sparq_bytes);
+            report("sparq+m " + tag + " graph x16, per layer (" + std::to_string(n1) + " pages)",
+                   graph_ms([&](int l, cudaStream_t st) {
+                       sparq_decode(out.get(), sks[l % copies], lse.get(), q.get(), views[l % copies], pos.get(), NH,
+                                    K, pol, 0.088f, m, w1, st);
+                   }), sparq_m_bytes);
+        }
+        report("  quest " + tag + " graph x16: scores", graph_ms([&](int l, cudaStream_t st) {
+                   quest_page_scores(w0.scores, q.get(), views[l % copies], pos.get(), NH, K, pol, st);
+               }), 2.0 * meta_elems * 2);
+        report("  quest " + tag + " graph x16: scores + top-k", graph_ms([&](int l, cudaStream_t st) {
+                   quest_page_scores(w0.scores, q.get(), views[l % copies], pos.get(), NH, K, pol, st);
+                   quest_top_k(w0.selected, w0.scores, pages, pos.get(), rows, S, K, st);
+               }), 2.0 * meta_elems * 2);
+        report("  sparq " + tag + " graph x16: scores", graph_ms(sp_scores), sketch_bytes);
+        report("  sparq " + tag + " graph x16: scores + shares", graph_ms([&](int l, cudaStream_t st) {
+                   sp_scores(l, st);
+                   sp_rows(st);
+               }), sketch_bytes);
+        report("  sparq " + tag + " graph x16: scores + shares + top-k", graph_ms([&](int l, cudaStream_t st) {
+                   sp_scores(l, st);
+                   sp_rows(st);
+                   sp_topk(st);
+               }), sketch_bytes);
+        report("  sparq " + tag + " scores alone", time_ms([&](int i) { sp_scores(i, nullptr); }), sketch_bytes);
+        report("  sparq " + tag + " shares alone", time_ms([&](int) { sp_rows(nullptr); }), 4.0 * NH * pages * 2);
+        report("  sparq " + tag + " top-k alone", time_ms([&](int) { sp_topk(nullptr); }), 4.0 * rows * pages);
+    }
+    CUDA_CHECK(cudaStreamDestroy(cap_stream));
+}
 }  // namespace
 
 // Whole decode steps of Llama-2-7B (random FP16 weights) on one GPU: the backend as the product runs it (fused
@@ -616,6 +737,7 @@ int main(int argc, char** argv) {
         if (want("attention")) bench_attention();
         if (want("quest")) bench_quest();
         if (want("quest") || want("codes")) bench_quest_codes();
+        if (want("sparq")) bench_sparq();
         if (std::find(what.begin(), what.end(), "tp") != what.end()) bench_tp();
     } catch (const std::exception& e) {
         std::fprintf(stderr, "error: %s\n", e.what());
