@@ -442,7 +442,26 @@ def doc_text(doc):
     return out
 
 
-def write_eval_set(comp, task, contexts, keys, n, seed, out, style=None):
+# --chat chatml: the prompt as one user turn of ChatML after the default system turn (SmolLM2's chat template with
+# its default system message), the question's sentence ending the turn and the answer's lead-in starting the
+# assistant's: "<|im_start|>system\n...<|im_end|>\n<|im_start|>user\n" + document + " " + "What is ...?" +
+# "<|im_end|>\n<|im_start|>assistant\n" + "The ... is" (then the answer's ids, as without it).
+CHATML_SYSTEM = "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
+
+
+def chat_wrap(comp, chat, prefill, question_text):
+    if chat is None:
+        return prefill, comp.enc(question_text)
+    head = comp.enc(f"<|im_start|>system\n{CHATML_SYSTEM}<|im_end|>\n<|im_start|>user\n")
+    body = prefill[1:] if comp.sp.bos_id() >= 0 and len(prefill) and prefill[0] == comp.sp.bos_id() else prefill
+    ask, sep, lead = question_text.strip().partition("? ")
+    if not sep:
+        raise SystemExit(f"--chat: the question {question_text!r} has no '? ' between its question and lead-in")
+    q = comp.enc(" " + ask + "?<|im_end|>\n<|im_start|>assistant\n" + lead)
+    return np.concatenate([np.asarray(head, dtype=np.int32), np.asarray(body, dtype=np.int32)]), np.asarray(q, dtype=np.int32)
+
+
+def write_eval_set(comp, task, contexts, keys, n, seed, out, style=None, chat=None):
     rows = 0
     with open(out, "w", encoding="utf-8") as f:
         for ctx in contexts:
@@ -450,10 +469,12 @@ def write_eval_set(comp, task, contexts, keys, n, seed, out, style=None):
                 for i, doc in enumerate(eval_docs(comp, task, ctx, n, seed, n_keys=k, style=style)):
                     prefill, question, answer = split_for_eval(comp, doc)
                     qi = next(j for j in range(len(doc.segs)) if doc.answer[j]) - 1
+                    prefill, question = chat_wrap(comp, chat, prefill, doc.segs[qi])
                     pre_doc = Doc()
                     pre_doc.segs = doc.segs[:qi]
                     row = {
-                        "id": f"{task}-{ctx}-{k}-{i}", "task": task, "context": ctx, "n_keys": k or 1,
+                        "id": f"{task}-{ctx}-{k}-{i}" + (f"-{chat}" if chat else ""), "task": task, "context": ctx,
+                        "n_keys": k or 1,
                         "depth": round(doc.meta["depth"], 4), "answer": doc.meta["answer"],
                         "prompt": doc_text(pre_doc), "question": doc.segs[qi],
                         "prefill_ids": prefill.tolist(), "question_ids": question.tolist(),
@@ -588,6 +609,8 @@ def main(argv=None):
     e.add_argument("--samples", type=int, default=50, help="documents per context (and key count)")
     e.add_argument("--filler", choices=("mixed", "story", "repeat", "engine"), default="mixed")
     e.add_argument("--seed", type=int, default=1)
+    e.add_argument("--chat", choices=("chatml",), default=None,
+                   help="the prompt as a ChatML user turn, the answer's lead-in as the assistant's (SmolLM2, Qwen2)")
     e.add_argument("--out", type=pathlib.Path, required=True)
     h = sub.add_parser("ppl-text", help="write the held-out stories")
     h.add_argument("--out", type=pathlib.Path, required=True)
@@ -618,7 +641,7 @@ def main(argv=None):
             print(doc_text(doc))
     elif a.cmd == "eval-set":
         comp = Composer(load_sp(a.tokenizer))
-        n = write_eval_set(comp, a.task, a.contexts, a.keys, a.samples, a.seed, a.out, style=a.filler)
+        n = write_eval_set(comp, a.task, a.contexts, a.keys, a.samples, a.seed, a.out, style=a.filler, chat=a.chat)
         print(f"wrote {a.out}: {n} prompts")
     elif a.cmd == "ppl-text":
         _, held = split_stories(read_stories())

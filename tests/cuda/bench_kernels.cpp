@@ -64,6 +64,25 @@ double time_ms(const std::function<void(int)>& fn, int iters = 50, int warmup = 
 
 std::vector<std::string> g_json;
 
+// Milliseconds per layer of `layers` launches of body(l, stream) captured in one CUDA graph on `stream` (PDL between
+// them, as in the decode step): the graph's median over 30 launches after 3, divided by the layers. One body(0)
+// runs first, outside the capture (first-use attribute and occupancy queries).
+using LayerBody = std::function<void(int, cudaStream_t)>;
+double graph_ms_per_layer(cudaStream_t stream, int layers, const LayerBody& body) {
+    body(0, stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    for (int l = 0; l < layers; ++l) body(l, stream);
+    CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    const double t = time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 30, 3) / layers;
+    CUDA_CHECK(cudaGraphExecDestroy(exec));
+    CUDA_CHECK(cudaGraphDestroy(graph));
+    return t;
+}
+
 // QUEST_BENCH_ONLY=<text>: only the int4 GEMV rows whose name contains it (e.g. to profile one kernel under ncu).
 bool selected(const std::string& name) {
     const char* only = std::getenv("QUEST_BENCH_ONLY");
@@ -393,21 +412,7 @@ void bench_quest() {
                 t_layer[fused] = time_ms([&](int i) { layer(i, fused, nullptr); });
                 report(tag + (fused ? " fused   1 layer" : " unfused 1 layer"), t_layer[fused], meta_bytes + sel_bytes);
             }
-            // Time per layer of kLayers launches of `body` captured in one graph (PDL between them, as in the step).
-            auto graph_ms = [&](const std::function<void(int, cudaStream_t)>& body) {
-                body(0, cap_stream);  // first-use attribute / occupancy queries outside the capture
-                CUDA_CHECK(cudaStreamSynchronize(cap_stream));
-                cudaGraph_t graph;
-                cudaGraphExec_t exec;
-                CUDA_CHECK(cudaStreamBeginCapture(cap_stream, cudaStreamCaptureModeThreadLocal));
-                for (int l = 0; l < kLayers; ++l) body(l, cap_stream);
-                CUDA_CHECK(cudaStreamEndCapture(cap_stream, &graph));
-                CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-                const double t = time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 30, 3) / kLayers;
-                CUDA_CHECK(cudaGraphExecDestroy(exec));
-                CUDA_CHECK(cudaGraphDestroy(graph));
-                return t;
-            };
+            auto graph_ms = [&](const LayerBody& body) { return graph_ms_per_layer(cap_stream, kLayers, body); };
             for (int fused = 1; fused >= 0; --fused)
                 report(tag + (fused ? " fused   graph x16, per layer" : " unfused graph x16, per layer"),
                        graph_ms([&](int l, cudaStream_t st) { layer(l, fused, st); }), meta_bytes + sel_bytes);
@@ -586,20 +591,7 @@ void bench_sparq() {
         const double sketch_bytes = double(NKV) * double(sparq::own_bytes(pages - 1, S, D));
         const double sparq_bytes = sketch_bytes + 2.0 * NKV * double(std::min(B, L)) * D * 2;
         const double sparq_m_bytes = sketch_bytes + 2.0 * NKV * double(n1) * S * D * 2;
-        auto graph_ms = [&](const std::function<void(int, cudaStream_t)>& body) {
-            body(0, cap_stream);
-            CUDA_CHECK(cudaStreamSynchronize(cap_stream));
-            cudaGraph_t graph;
-            cudaGraphExec_t exec;
-            CUDA_CHECK(cudaStreamBeginCapture(cap_stream, cudaStreamCaptureModeThreadLocal));
-            for (int l = 0; l < kLayers; ++l) body(l, cap_stream);
-            CUDA_CHECK(cudaStreamEndCapture(cap_stream, &graph));
-            CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-            const double t = time_ms([&](int) { CUDA_CHECK(cudaGraphLaunch(exec, nullptr)); }, 30, 3) / kLayers;
-            CUDA_CHECK(cudaGraphExecDestroy(exec));
-            CUDA_CHECK(cudaGraphDestroy(graph));
-            return t;
-        };
+        auto graph_ms = [&](const LayerBody& body) { return graph_ms_per_layer(cap_stream, kLayers, body); };
         const std::string tag = "L=" + std::to_string(L) + " B=" + std::to_string(B);
         const int rows = quest_selection_rows(NH, NKV, pol);
         auto sp_scores = [&](int l, cudaStream_t st) {
