@@ -73,16 +73,15 @@ void sparq_select_ref(const QuestSelectArgs& a, Selection& out) {
     out.block_size = S;
     out.reads.sketch_bytes = static_cast<int64_t>(a.num_kv_heads) * sparq::own_bytes(last, S, a.head_dim);
     const int n = a.match_bytes ? sparq_matched_pages(a) : a.page_budget - 1;
-    const bool one_head_rows = a.policy == GqaPolicy::PerHead || G == 1;  // ranked by v itself (sparq_rule.h)
+    const bool values = sparq::rows_rank_values(a.policy == GqaPolicy::PerHead, G);
     for (int kvh = 0; kvh < a.num_kv_heads; ++kvh) {
         const std::vector<int> ch = sparq_channels_ref(a, kvh);
         std::vector<std::vector<float>> u;
         for (int g = 0; g < G; ++g) {
-            const std::vector<float> score = sparq_page_scores_ref(a, kvh * G + g, kvh, ch, last);
-            if (one_head_rows) {
-                std::vector<float> v(score.size());
-                for (size_t p = 0; p < v.size(); ++p) v[p] = a.scale * score[p];
-                u.push_back(std::move(v));
+            std::vector<float> score = sparq_page_scores_ref(a, kvh * G + g, kvh, ch, last);
+            if (values) {
+                for (float& x : score) x *= a.scale;  // v
+                u.push_back(std::move(score));
             } else {
                 u.push_back(sparq_page_shares_ref(score, a.scale));
             }

@@ -276,7 +276,7 @@ size_t sparq_workspace_floats(int num_heads, int max_pages) { return oracle_work
 
 const float* sparq_row_scores(const float* lse, const QuestWorkspace& ws, int num_heads, int num_kv_heads,
                               GqaPolicy policy) {
-    return policy == GqaPolicy::PerHead || num_heads == num_kv_heads ? lse : ws.scores;
+    return sparq::rows_rank_values(policy == GqaPolicy::PerHead, num_heads / num_kv_heads) ? lse : ws.scores;
 }
 
 size_t key_sketch_bytes(int num_kv_heads, int head_dim, int capacity) {

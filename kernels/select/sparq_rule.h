@@ -18,8 +18,8 @@
 //              weighs the same whatever the scale of its logits. A selection row of several heads aggregates
 //              their shares like every selector (kv-sum: sum in head order, kv-max: max). Summing raw logits
 //              instead let the heads with the largest logits rank the pages (measured: docs/quest.md). A row of
-//              one head (per-head, or a group of one) ranks by v itself: its shares are monotone in v, and v
-//              needs no normalisation pass (on the GPU, no launch).
+//              one head (per-head, or a group of one: rows_rank_values) ranks by v itself: its shares are
+//              monotone in v, and v needs no normalisation pass (on the GPU, no launch).
 //   budget     K pages (the last one included), as Quest. Bytes-matched (match_bytes) to fp16 Quest: the
 //              selector's own bytes are r * S per complete page (the r channels' bytes of its S tokens) plus D for
 //              the current token's sketch (written once per step; with at least one complete page it fits in the
@@ -40,6 +40,10 @@ QUEST_HD inline int channels(int head_dim, int page_size) {
     const int a = head_dim / 8, b = 2 * head_dim / page_size;
     return a < b ? a : b;
 }
+
+// True when every selection row is one head (per-head, or a group of one): the rows rank the page values v
+// themselves, not the shares.
+QUEST_HD inline bool rows_rank_values(bool per_head, int group) { return per_head || group == 1; }
 
 // fp8 e4m3 (OCP, as cvt.rn.satfinite.e4m3 rounds): 3 mantissa bits, normal exponents down to 2^-6, subnormal
 // quantum 2^-9, largest finite 448 (larger magnitudes saturate to it). Exact for any float input (the quotient by a

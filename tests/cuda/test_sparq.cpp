@@ -196,7 +196,7 @@ std::vector<float> reference_row(const Shape& s, const Input& in, int r) {
         const int h = kvh * G + g;
         if (per_head && h != r) continue;
         std::vector<float> w = sparq_page_scores_ref(a, h, kvh, ch, P - 1);
-        if (per_head || G == 1) {  // a row of one head ranks v itself (sparq_rule.h)
+        if (sparq::rows_rank_values(per_head, G)) {  // v itself
             for (float& x : w) x *= a.scale;
         } else {
             w = sparq_page_shares_ref(w, a.scale);
