@@ -419,8 +419,12 @@ def split_for_eval(comp, doc):
     return prefill, question, answer
 
 
-def eval_docs(comp, task, context, n, seed, n_keys=8, style=None):
-    """`n` evaluation documents, depths spread evenly from 0 to 1 (passkey: the engine's format)."""
+FAMILY_NAMES = ("code", "number", "name")  # FACT_FAMILIES in order, for eval-set --family
+
+
+def eval_docs(comp, task, context, n, seed, n_keys=8, style=None, family=0):
+    """`n` evaluation documents, depths spread evenly from 0 to 1 (passkey: the engine's format). family: the fact
+    template of multikey (an index of FACT_FAMILIES)."""
     rng = random.Random(seed * 1000003 + context * 17 + n_keys)
     docs = []
     for i in range(n):
@@ -428,7 +432,7 @@ def eval_docs(comp, task, context, n, seed, n_keys=8, style=None):
         if task == "passkey":
             docs.append(comp.passkey_engine(rng, context, depth=depth))  # as `quest eval passkey --contexts`
         else:
-            d = comp.multikey(rng, context, n_keys=n_keys, n_questions=1, family=0, style=style or "mixed",
+            d = comp.multikey(rng, context, n_keys=n_keys, n_questions=1, family=family, style=style or "mixed",
                               depth=depth)
             docs.append(d)
     return docs
@@ -461,19 +465,20 @@ def chat_wrap(comp, chat, prefill, question_text):
     return np.concatenate([np.asarray(head, dtype=np.int32), np.asarray(body, dtype=np.int32)]), np.asarray(q, dtype=np.int32)
 
 
-def write_eval_set(comp, task, contexts, keys, n, seed, out, style=None, chat=None):
+def write_eval_set(comp, task, contexts, keys, n, seed, out, style=None, chat=None, family=0):
     rows = 0
     with open(out, "w", encoding="utf-8") as f:
         for ctx in contexts:
             for k in (keys if task == "multikey" else [0]):
-                for i, doc in enumerate(eval_docs(comp, task, ctx, n, seed, n_keys=k, style=style)):
+                for i, doc in enumerate(eval_docs(comp, task, ctx, n, seed, n_keys=k, style=style, family=family)):
                     prefill, question, answer = split_for_eval(comp, doc)
                     qi = next(j for j in range(len(doc.segs)) if doc.answer[j]) - 1
                     prefill, question = chat_wrap(comp, chat, prefill, doc.segs[qi])
                     pre_doc = Doc()
                     pre_doc.segs = doc.segs[:qi]
                     row = {
-                        "id": f"{task}-{ctx}-{k}-{i}" + (f"-{chat}" if chat else ""), "task": task, "context": ctx,
+                        "id": f"{task}-{ctx}-{k}-{i}" + (f"-{FAMILY_NAMES[family]}" if family else "") +
+                              (f"-{chat}" if chat else ""), "task": task, "context": ctx,
                         "n_keys": k or 1,
                         "depth": round(doc.meta["depth"], 4), "answer": doc.meta["answer"],
                         "prompt": doc_text(pre_doc), "question": doc.segs[qi],
@@ -611,6 +616,10 @@ def main(argv=None):
     e.add_argument("--seed", type=int, default=1)
     e.add_argument("--chat", choices=("chatml",), default=None,
                    help="the prompt as a ChatML user turn, the answer's lead-in as the assistant's (SmolLM2, Qwen2)")
+    e.add_argument("--family", choices=FAMILY_NAMES, default="code",
+                   help="multikey: the facts' template: code (\"The code for the red door is 4821.\": keys that "
+                        "share colours and objects), number (\"The number on the red door is ...\"), name "
+                        "(\"Mia's lucky number is ...\": distinct names)")
     e.add_argument("--out", type=pathlib.Path, required=True)
     h = sub.add_parser("ppl-text", help="write the held-out stories")
     h.add_argument("--out", type=pathlib.Path, required=True)
@@ -641,7 +650,8 @@ def main(argv=None):
             print(doc_text(doc))
     elif a.cmd == "eval-set":
         comp = Composer(load_sp(a.tokenizer))
-        n = write_eval_set(comp, a.task, a.contexts, a.keys, a.samples, a.seed, a.out, style=a.filler, chat=a.chat)
+        n = write_eval_set(comp, a.task, a.contexts, a.keys, a.samples, a.seed, a.out, style=a.filler, chat=a.chat,
+                           family=FAMILY_NAMES.index(a.family))
         print(f"wrote {a.out}: {n} prompts")
     elif a.cmd == "ppl-text":
         _, held = split_stories(read_stories())
