@@ -1,6 +1,7 @@
 // CPU reference ops against independent double-precision formulas, and the fp16/bf16 conversions.
 #include <gtest/gtest.h>
 
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -45,21 +46,30 @@ TEST(Ops, RmsNorm) {
 
 TEST(Ops, MatmulMatchesMatvecAndDouble) {
     std::mt19937 g(2);
-    const int rows = 37, cols = 129, tokens = 5;
-    auto W = rnd(g, rows * cols), X = rnd(g, tokens * cols);
-    std::vector<float> Y(tokens * rows);
-    matmul_ref(Y.data(), W.data(), X.data(), tokens, rows, cols, 3);
-    std::vector<double> want(tokens * rows);
-    for (int t = 0; t < tokens; ++t)
-        for (int r = 0; r < rows; ++r) {
-            double acc = 0;
-            for (int c = 0; c < cols; ++c) acc += double(W[r * cols + c]) * X[t * cols + c];
-            want[t * rows + r] = acc;
+    // Token counts on both paths (a decode step's below 8, the tiles of 8 and 64 with remainders), rows off the
+    // 4- and 8-row blocks, and thread counts that split the rows unevenly (the last case is above
+    // the one-thread cut-off).
+    for (const auto [tokens, rows, cols, threads] :
+         {std::array{5, 37, 129, 3}, std::array{1, 8, 64, 1}, std::array{9, 37, 129, 2}, std::array{70, 41, 96, 3},
+          std::array{130, 13, 200, 0}, std::array{70, 301, 257, 3}}) {
+        auto W = rnd(g, rows * cols), X = rnd(g, tokens * cols);
+        std::vector<float> Y(tokens * rows);
+        matmul_ref(Y.data(), W.data(), X.data(), tokens, rows, cols, threads);
+        std::vector<double> want(tokens * rows);
+        for (int t = 0; t < tokens; ++t)
+            for (int r = 0; r < rows; ++r) {
+                double acc = 0;
+                for (int c = 0; c < cols; ++c) acc += double(W[r * cols + c]) * X[t * cols + c];
+                want[t * rows + r] = acc;
+            }
+        EXPECT_LT(rel_err(Y, want), 1e-6) << tokens;
+        // Every output is matvec_ref's, bit for bit: the CPU backend's prefill and decode agree.
+        std::vector<float> y1(rows);
+        for (int t = 0; t < tokens; ++t) {
+            matvec_ref(y1.data(), W.data(), X.data() + t * cols, rows, cols);
+            for (int r = 0; r < rows; ++r) ASSERT_EQ(y1[r], Y[t * rows + r]) << tokens << " " << t << " " << r;
         }
-    EXPECT_LT(rel_err(Y, want), 1e-6);
-    std::vector<float> y1(rows);
-    matvec_ref(y1.data(), W.data(), X.data() + 2 * cols, rows, cols);
-    for (int r = 0; r < rows; ++r) EXPECT_EQ(y1[r], Y[2 * rows + r]);
+    }
 }
 
 TEST(Ops, RopeRotatesPairsHalfApart) {

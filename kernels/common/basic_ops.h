@@ -14,7 +14,8 @@ void rms_norm_ref(float* out, const float* x, const float* w, int n, float eps);
 
 // y[rows] = W[rows][cols] x[cols]
 void matvec_ref(float* y, const float* W, const float* x, int rows, int cols);
-// Y[t][rows] = W[rows][cols] X[t][cols] for t < tokens (prefill). Splits rows over `threads` threads (0: all cores).
+// Y[t][rows] = W[rows][cols] X[t][cols] for t < tokens (prefill): each output bit for bit matvec_ref's. Splits rows
+// over `threads` threads (0: all cores).
 void matmul_ref(float* Y, const float* W, const float* X, int tokens, int rows, int cols, int threads = 0);
 
 // out[n] = silu(gate) * up, silu(x) = x / (1 + exp(-x))

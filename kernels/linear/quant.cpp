@@ -4,11 +4,11 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
-#include <thread>
 
 #include "kernels/linear/int4_layout.h"
 #include "kernels/common/dtype.h"
 #include "kernels/common/error.h"
+#include "kernels/common/parallel.h"
 
 namespace quest {
 
@@ -48,33 +48,6 @@ uint16_t half_round_up(float s) {
     return h;
 }
 
-template <typename F>
-void parallel_rows(int rows, int64_t work, int threads, F&& f) {
-    if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    if (work < (1 << 20)) threads = 1;
-    threads = std::max(1, std::min(threads, rows));
-    if (threads == 1) {
-        f(0, rows);
-        return;
-    }
-    std::vector<std::thread> pool;
-    std::vector<std::exception_ptr> errors(threads);
-    const int chunk = (rows + threads - 1) / threads;
-    for (int t = 0; t < threads; ++t) {
-        const int r0 = t * chunk, r1 = std::min(rows, r0 + chunk);
-        if (r0 >= r1) break;
-        pool.emplace_back([&, t, r0, r1] {
-            try {
-                f(r0, r1);
-            } catch (...) {
-                errors[t] = std::current_exception();
-            }
-        });
-    }
-    for (auto& th : pool) th.join();
-    for (auto& e : errors)
-        if (e) std::rethrow_exception(e);
-}
 
 // out[cols] = row r of the dequantized matrix.
 void dequantize_row(const Int4Matrix& m, int r, float* out) {

@@ -6,6 +6,7 @@
 
 #include "kernels/attention/attention.h"
 #include "kernels/common/basic_ops.h"
+#include "kernels/common/parallel.h"
 #include "kernels/select/quest.h"
 #include "kernels/select/registry.h"
 #include "kernels/select/sparq_rule.h"
@@ -178,7 +179,25 @@ void CpuLlama::forward(std::span<const int> tokens, bool quest_step, std::vector
         }
         const bool select = quest_step && quest_.quest_layer(l);
         const int window = c.attention_window(l);  // 0: full attention
-        for (int t = 0; t < n; ++t) {
+        if (!quest_step) {
+            // A prefill: full (or windowed) attention for every token and head, each independent of the others. The
+            // threads take pairs of tokens t and n - 1 - t, so that every range of pairs attends over about as many
+            // keys as any other.
+            auto attend = [&](int t) {
+                const int len = pos_ + t + 1, first = window_start_of(len, window);
+                for (int h = 0; h < NH; ++h)
+                    attention_full_ref(&att_out[size_t(t) * c.q_dim() + size_t(h) * D],
+                                       &q[size_t(t) * c.q_dim() + size_t(h) * D], cache_.keys(l, h / group),
+                                       cache_.values(l, h / group), D, len, scale, first);
+            };
+            parallel_rows((n + 1) / 2, int64_t(n) * (pos_ + n) * NH * D, 0, [&](int j0, int j1) {
+                for (int j = j0; j < j1; ++j) {
+                    attend(j);
+                    if (n - 1 - j != j) attend(n - 1 - j);
+                }
+            });
+        }
+        for (int t = 0; t < n && quest_step; ++t) {
             const int len = pos_ + t + 1;  // the token attends to itself and everything before it
             const int first = window_start_of(len, window);  // ... within its layer's window
             const float* qt = &q[size_t(t) * c.q_dim()];
