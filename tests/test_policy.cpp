@@ -950,9 +950,10 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     check(q, len);
                 }
     // The streaming (no metadata), oracle (every key, keys_scanned) and sparq (its sketch; K pages and bytes-matched)
-    // selectors: what the CUDA backend runs besides quest.
+    // selectors, what the CUDA backend runs besides quest, and sparq-rerank (the sketch and the re-ranked pages).
     const std::pair<PageSelector, bool> others[] = {{PageSelector::Streaming, false}, {PageSelector::Oracle, false},
-                                                    {PageSelector::Sparq, false}, {PageSelector::Sparq, true}};
+                                                    {PageSelector::Sparq, false}, {PageSelector::Sparq, true},
+                                                    {PageSelector::SparqRerank, false}};
     for (const auto& [sel, match] : others)
         for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
             for (int len : {10, 46, 333}) {
@@ -966,5 +967,5 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     EXPECT_EQ(meta, keys) << q.policy_label() << " len " << len;
                 }
             }
-    EXPECT_EQ(checked, 72 + 36);
+    EXPECT_EQ(checked, 72 + 45);
 }
