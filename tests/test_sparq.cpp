@@ -119,6 +119,18 @@ const std::vector<Case> kCases = {
     {6, 2, 16, 4, 301, 12, GqaPolicy::PerHead},   {32, 8, 128, 16, 4100, 2048, GqaPolicy::KvSum},
 };
 
+// One selecting step's shape for a selector's bytes model.
+StepShape step_shape(int len, int page_size, int kv_heads, int rows, int kv_pages, int head_dim) {
+    StepShape sh;
+    sh.len = len;
+    sh.page_size = page_size;
+    sh.num_kv_heads = kv_heads;
+    sh.rows = rows;
+    sh.kv_pages = kv_pages;
+    sh.head_dim = head_dim;
+    return sh;
+}
+
 TEST(Sparq, SelectionEqualsBruteForce) {
     int checked = 0;
     for (bool match : {false, true})
@@ -209,39 +221,43 @@ TEST(Sparq, SelectionEqualsBruteForce) {
     EXPECT_GT(checked, 40);
 }
 
-TEST(Sparq, NeverReadsMoreThanQuestAndStepReadsAgree) {
-    int checked = 0;
+// Selecting steps (P > K) over head sizes, page sizes, budgets, policies and lengths to 32K; Case::budget in pages.
+std::vector<Case> step_grid() {
+    std::vector<Case> cases;
     for (int d : {32, 64, 128})
         for (int s : {8, 16, 32, 64})
             for (int budget : {32, 64, 256, 2048})
                 for (GqaPolicy pol : {GqaPolicy::KvSum, GqaPolicy::PerHead})
                     for (int len : {budget + 1, 3 * budget + 7, 4097, 32768}) {
-                        const int heads = 8, kv = 2, K = std::max(1, budget / s), P = (len + s - 1) / s;
-                        if (P <= K) continue;
-                        Case c{heads, kv, d, s, len, K, pol};
-                        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
-                        const Budget b = brute_budget(c, rows_per_kv);
-                        const int last_tokens = len - (P - 1) * s;
-                        EXPECT_EQ(sparq::matched_pages(P - 1, last_tokens, s, K, d, rows_per_kv), b.pages);
-                        const codes::MatchedBudget m = sparq::budget(s, d, rows_per_kv);
-                        EXPECT_EQ(codes::step_pages(len, s, K, m), b.pages + 1);
-                        for (int kv_pages : {K, b.pages + 1}) {  // K pages, bytes-matched
-                            StepShape sh;
-                            sh.len = len;
-                            sh.page_size = s;
-                            sh.num_kv_heads = kv;
-                            sh.rows = pol == GqaPolicy::PerHead ? heads : kv;
-                            sh.kv_pages = kv_pages;
-                            sh.head_dim = d;
-                            const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
-                            EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
-                                << "d " << d << " s " << s << " B " << budget << " len " << len;
-                            EXPECT_EQ(r.kv_tokens, static_cast<int64_t>(sh.rows) *
-                                                       (static_cast<int64_t>(kv_pages - 1) * s + last_tokens));
-                            EXPECT_EQ(r.sketch_bytes, kv * sparq::own_bytes(P - 1, s, d));
-                        }
-                        ++checked;
+                        const int K = std::max(1, budget / s);
+                        if ((len + s - 1) / s > K) cases.push_back({8, 2, d, s, len, K, pol});
                     }
+    return cases;
+}
+
+TEST(Sparq, NeverReadsMoreThanQuestAndStepReadsAgree) {
+    int checked = 0;
+    for (const Case& c : step_grid()) {
+        const int heads = c.heads, kv = c.kv_heads, d = c.d, s = c.s, len = c.len, K = c.budget, budget = K * s;
+        const GqaPolicy pol = c.policy;
+        const int P = (len + s - 1) / s;
+        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
+        const Budget b = brute_budget(c, rows_per_kv);
+        const int last_tokens = len - (P - 1) * s;
+        EXPECT_EQ(sparq::matched_pages(P - 1, last_tokens, s, K, d, rows_per_kv), b.pages);
+        const codes::MatchedBudget m = sparq::budget(s, d, rows_per_kv);
+        EXPECT_EQ(codes::step_pages(len, s, K, m), b.pages + 1);
+        for (int kv_pages : {K, b.pages + 1}) {  // K pages, bytes-matched
+            const StepShape sh = step_shape(len, s, kv, rows_per_kv * kv, kv_pages, d);
+            const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
+            EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
+                << "d " << d << " s " << s << " B " << budget << " len " << len;
+            EXPECT_EQ(r.kv_tokens, static_cast<int64_t>(sh.rows) *
+                                       (static_cast<int64_t>(kv_pages - 1) * s + last_tokens));
+            EXPECT_EQ(r.sketch_bytes, kv * sparq::own_bytes(P - 1, s, d));
+        }
+        ++checked;
+    }
     EXPECT_GT(checked, 100);
 }
 
@@ -255,14 +271,9 @@ TEST(Sparq, StepReadsEqualTheRunningSelector) {
         select_blocks_ref(a, sel);
         if (sel.reads.dense) continue;
         const int rows_per_kv = c.policy == GqaPolicy::PerHead ? c.heads / c.kv_heads : 1;
-        StepShape sh;
-        sh.len = c.len;
-        sh.page_size = c.s;
-        sh.num_kv_heads = c.kv_heads;
-        sh.rows = c.policy == GqaPolicy::PerHead ? c.heads : c.kv_heads;
-        sh.kv_pages = codes::step_pages(c.len, c.s, a.page_budget,
-                                        match ? sparq::budget(c.s, c.d, rows_per_kv) : codes::MatchedBudget{});
-        sh.head_dim = c.d;
+        const int kv_pages = codes::step_pages(c.len, c.s, a.page_budget,
+                                               match ? sparq::budget(c.s, c.d, rows_per_kv) : codes::MatchedBudget{});
+        const StepShape sh = step_shape(c.len, c.s, c.kv_heads, rows_per_kv * c.kv_heads, kv_pages, c.d);
         const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
         EXPECT_EQ(r.sketch_bytes, sel.reads.sketch_bytes);
         EXPECT_EQ(r.kv_tokens, sel.reads.kv_tokens);
@@ -412,33 +423,24 @@ TEST(SparqRerank, SelectionEqualsBruteForce) {
 
 TEST(SparqRerank, NeverReadsMoreThanQuestAndStepReadsAgree) {
     int checked = 0, reranked = 0;
-    for (int d : {32, 64, 128})
-        for (int s : {8, 16, 32, 64})
-            for (int budget : {32, 64, 256, 2048})
-                for (GqaPolicy pol : {GqaPolicy::KvSum, GqaPolicy::PerHead})
-                    for (int len : {budget + 1, 3 * budget + 7, 4097, 32768}) {
-                        const int heads = 8, kv = 2, K = std::max(1, budget / s), P = (len + s - 1) / s;
-                        if (P <= K) continue;
-                        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
-                        const int L = brute_rerank_pages(P - 1, s, d, rows_per_kv, K - 1);
-                        EXPECT_EQ(sparq::rerank_pages(P - 1, s, d, rows_per_kv, K - 1), L);
-                        reranked += L > 0;
-                        StepShape sh;
-                        sh.len = len;
-                        sh.page_size = s;
-                        sh.num_kv_heads = kv;
-                        sh.rows = pol == GqaPolicy::PerHead ? heads : kv;
-                        sh.kv_pages = K;
-                        sh.head_dim = d;
-                        const SelectionReads r = page_selector_def(PageSelector::SparqRerank).step_reads(sh);
-                        const Budget b = brute_budget(Case{heads, kv, d, s, len, K, pol}, rows_per_kv);
-                        EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
-                            << "d " << d << " s " << s << " B " << budget << " len " << len;
-                        EXPECT_EQ(r.sketch_bytes, kv * (sparq::own_bytes(P - 1, s, d) +
-                                                        static_cast<int64_t>(rows_per_kv) * L *
-                                                            (d - sparq::channels(d, s)) * s));
-                        ++checked;
-                    }
+    for (const Case& c : step_grid()) {
+        const int heads = c.heads, kv = c.kv_heads, d = c.d, s = c.s, len = c.len, K = c.budget, budget = K * s;
+        const GqaPolicy pol = c.policy;
+        const int P = (len + s - 1) / s;
+        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
+        const int L = brute_rerank_pages(P - 1, s, d, rows_per_kv, K - 1);
+        EXPECT_EQ(sparq::rerank_pages(P - 1, s, d, rows_per_kv, K - 1), L);
+        reranked += L > 0;
+        const StepShape sh = step_shape(len, s, kv, rows_per_kv * kv, K, d);
+        const SelectionReads r = page_selector_def(PageSelector::SparqRerank).step_reads(sh);
+        const Budget b = brute_budget(c, rows_per_kv);
+        EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
+            << "d " << d << " s " << s << " B " << budget << " len " << len;
+        EXPECT_EQ(r.sketch_bytes, kv * (sparq::own_bytes(P - 1, s, d) +
+                                        static_cast<int64_t>(rows_per_kv) * L *
+                                            (d - sparq::channels(d, s)) * s));
+        ++checked;
+    }
     EXPECT_GT(checked, 100);
     EXPECT_GT(reranked, 50);
     // The running selector counts what the model says.
@@ -449,13 +451,8 @@ TEST(SparqRerank, NeverReadsMoreThanQuestAndStepReadsAgree) {
         Selection sel;
         select_blocks_ref(a, sel);
         if (sel.reads.dense) continue;
-        StepShape sh;
-        sh.len = c.len;
-        sh.page_size = c.s;
-        sh.num_kv_heads = c.kv_heads;
-        sh.rows = c.policy == GqaPolicy::PerHead ? c.heads : c.kv_heads;
-        sh.kv_pages = a.page_budget;
-        sh.head_dim = c.d;
+        const int rows = c.policy == GqaPolicy::PerHead ? c.heads : c.kv_heads;
+        const StepShape sh = step_shape(c.len, c.s, c.kv_heads, rows, a.page_budget, c.d);
         const SelectionReads r = page_selector_def(PageSelector::SparqRerank).step_reads(sh);
         EXPECT_EQ(r.sketch_bytes, sel.reads.sketch_bytes);
         EXPECT_EQ(r.kv_tokens, sel.reads.kv_tokens);
