@@ -30,7 +30,7 @@ enum class PageSelector : int {
     Sparq,      // pages ranked by their best token's approximate logit on the query's largest channels, from an
                 // fp8 channel-major key sketch; top-(K-1), or bytes-matched to fp16 Quest (kernels/select/sparq.h)
     SparqRerank,  // sparq's ranking as a shortlist, re-ranked on all channels of the sketch within fp16 Quest's
-                  // metadata bytes; top-(K-1) (kernels/select/sparq.h; CPU)
+                  // metadata bytes; top-(K-1) (kernels/select/sparq.h, sparq.cuh)
 };
 
 // Storage format of the page bounds a bound-based selector (quest, two-level's coarse level) reads.

@@ -10,6 +10,7 @@
 
 #include "kernels/select/page_oracle.cuh"
 #include "kernels/select/sparq.cuh"
+#include "kernels/select/topk_select.cuh"
 #include "kernels/common/rope_device.cuh"
 #include "kernels/select/sparq_rule.h"
 
@@ -247,6 +248,197 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restric
     }
 }
 
+// ---------------------------------------------------------------------------------------------------------------------
+// sparq-rerank (sparq_rule.h, "re-rank"): after the scores above and the row scores, three launches per layer.
+// ---------------------------------------------------------------------------------------------------------------------
+struct RerankShape {
+    int page_size_log2 = 0;
+    int head_dim = 0;
+    int rows_per_kv = 1;  // selection rows per KV head (the group for per-head, else 1)
+    int page_budget = 0;  // K
+};
+
+// The pages a selecting step of len tokens re-ranks per row (0: none, and at a dense step).
+__device__ __forceinline__ int rerank_count(const RerankShape& r, int len) {
+    const int P = (len + (1 << r.page_size_log2) - 1) >> r.page_size_log2;
+    if (P <= r.page_budget) return 0;
+    return sparq::rerank_pages(P - 1, 1 << r.page_size_log2, r.head_dim, r.rows_per_kv, r.page_budget - 1);
+}
+
+// Step 3, one block per row: the top L pages of the row scores into the row's shortlist (ascending page ids, as
+// quest_top_k writes them, with entry L the last page); without a shortlist (L = 0) or at a dense step the selection
+// itself into `selected`, as quest_top_k writes it.
+template <int KPT>
+__global__ void __launch_bounds__(kTopkThreads) rerank_shortlist_kernel(int* __restrict__ selected,
+                                                                        int* __restrict__ shortlist,
+                                                                        const float* __restrict__ scores,
+                                                                        int score_stride, const int* __restrict__ d_pos,
+                                                                        RerankShape r, int cache, int select_stride) {
+    constexpr int PRE = KPT > 0 ? KPT : kTopkUnroll;
+    pdl_wait();
+    pdl_trigger();
+    const int tid = threadIdx.x;
+    const float* in = scores + static_cast<size_t>(blockIdx.x) * score_stride;
+    float pre[PRE];
+#pragma unroll
+    for (int u = 0; u < PRE; ++u) {
+        const int i = u * kTopkThreads + tid;
+        pre[u] = i < score_stride ? ld_score(in + i) : 0.0f;
+    }
+    const int len = *d_pos + 1;
+    if (len < 1) return;
+    const int L = rerank_count(r, len);
+    if (L == 0)
+        top_k_row<KPT>(selected + static_cast<size_t>(blockIdx.x) * select_stride, in, pre, len, 0, score_stride,
+                       r.page_size_log2, r.page_budget, cache, select_stride, MatchedBudget{});
+    else  // a budget of L + 1 pages: the top L candidates and the last page (every candidate when L = P - 1)
+        top_k_row<KPT>(shortlist + static_cast<size_t>(blockIdx.x) * score_stride, in, pre, len, 0, score_stride,
+                       r.page_size_log2, L + 1, cache, score_stride, MatchedBudget{});
+}
+
+// Step 4. Block = kThreads threads over kThreads * kTok / S shortlisted pages of one row, thread = kTok tokens of a
+// page (S / kTok threads per page, inside one warp); each thread sums all D channels of its tokens in ascending
+// order (q * e4m3(k), fp32 FMA: sparq_page_scores_ref's bits on every channel) for GT heads of the row at a time,
+// and the page's first thread writes scale * the best token's sum for each head: values[h][i] (row stride
+// `stride`), i the page's place in the shortlist.
+template <int D, int GT>
+__global__ void __launch_bounds__(kThreads) rerank_values_kernel(float* __restrict__ values,
+                                                                 const int* __restrict__ shortlist,
+                                                                 const uint8_t* __restrict__ k8,
+                                                                 const __half* __restrict__ q, KvLayerView kv,
+                                                                 const int* __restrict__ d_pos, int num_heads,
+                                                                 RerankShape r, bool per_head, float scale,
+                                                                 int stride) {
+    __shared__ float s_q[GT][D];
+    pdl_wait();
+    pdl_trigger();
+    const int len = *d_pos + 1;
+    if (len < 1 || len > kv.capacity) return;
+    const int L = rerank_count(r, len);
+    const int S = 1 << r.page_size_log2, TP = S / kTok, tid = threadIdx.x;
+    const int i0 = static_cast<int>(blockIdx.x) * (kThreads / TP);
+    if (i0 >= L) return;  // block-uniform
+    const int row = blockIdx.y, G = num_heads / kv.num_kv_heads;
+    const int kvh = per_head ? row / G : row, h0 = per_head ? row : row * G, nh = per_head ? 1 : G;
+    const int i = i0 + tid / TP, part = tid % TP;
+    const bool live = i < L;
+    const int page = live ? shortlist[static_cast<size_t>(row) * stride + i] : 0;
+    const uint8_t* base = k8 + static_cast<size_t>(kvh) * D * kv.capacity + static_cast<size_t>(page) * S + part * kTok;
+    for (int gb = 0; gb < nh; gb += GT) {
+        const int ng = min(GT, nh - gb);
+        __syncthreads();  // the previous batch's s_q read
+        for (int j = tid; j < GT * D; j += kThreads) {
+            const int g = j / D, c = j % D;
+            s_q[g][c] = g < ng ? __half2float(q[static_cast<size_t>(h0 + gb + g) * D + c]) : 0.0f;
+        }
+        __syncthreads();
+        float acc[GT][kTok];
+#pragma unroll
+        for (int g = 0; g < GT; ++g)
+#pragma unroll
+            for (int e = 0; e < kTok; ++e) acc[g][e] = 0.0f;
+#pragma unroll 8
+        for (int c = 0; c < D; ++c) {
+            const uint32_t w = live ? *reinterpret_cast<const uint32_t*>(base + static_cast<size_t>(c) * kv.capacity) : 0u;
+            float kf[kTok];
+            e4m3x4_to_float(w, kf);
+#pragma unroll
+            for (int g = 0; g < GT; ++g) {
+                const float qv = s_q[g][c];
+#pragma unroll
+                for (int e = 0; e < kTok; ++e) acc[g][e] = fmaf(qv, kf[e], acc[g][e]);
+            }
+        }
+#pragma unroll
+        for (int g = 0; g < GT; ++g) {
+            float m = fmaxf(fmaxf(acc[g][0], acc[g][1]), fmaxf(acc[g][2], acc[g][3]));
+            for (int o = 1; o < TP; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+            if (g < ng && live && part == 0) values[static_cast<size_t>(h0 + gb + g) * stride + i] = scale * m;
+        }
+    }
+}
+
+// A block-wide max or sum of one float per thread (kTopkThreads threads); every thread gets the result.
+template <bool MAX>
+__device__ __forceinline__ float block_reduce(float v, float* s_warp) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float y = __shfl_xor_sync(0xffffffffu, v, o);
+        v = MAX ? fmaxf(v, y) : v + y;
+    }
+    if (lane == 0) s_warp[warp] = v;
+    __syncthreads();
+    v = s_warp[0];
+#pragma unroll
+    for (int w = 1; w < kTopkWarps; ++w) v = MAX ? fmaxf(v, s_warp[w]) : v + s_warp[w];
+    __syncthreads();  // s_warp is free again
+    return v;
+}
+
+// Step 5, one block per row: the row's entry of each shortlisted page (a row of one head: its value; else each
+// head's share exp(v - M) / Z over the shortlist, aggregated in head order: kv-sum adds, kv-max takes the max), the
+// top K - 1 entries by the radix select (ties: the lower place, i.e. the lower page id), written as their page ids
+// (ascending), then the last page.
+template <int KPT>
+__global__ void __launch_bounds__(kTopkThreads) rerank_select_kernel(int* __restrict__ selected,
+                                                                     const int* __restrict__ shortlist,
+                                                                     const float* __restrict__ values,
+                                                                     const int* __restrict__ d_pos, int num_heads,
+                                                                     int num_kv_heads, RerankShape r,
+                                                                     GqaPolicy policy, int select_stride, int stride) {
+    __shared__ TopkRegSmem sm;
+    __shared__ float s_warp[kTopkWarps];
+    pdl_wait();
+    pdl_trigger();
+    const int len = *d_pos + 1;
+    if (len < 1) return;
+    const int L = rerank_count(r, len);
+    if (L == 0) return;  // the shortlist launch wrote the selection
+    const int tid = threadIdx.x, row = blockIdx.x, G = num_heads / num_kv_heads;
+    const bool per_head = policy == GqaPolicy::PerHead;
+    const int P = (len + (1 << r.page_size_log2) - 1) >> r.page_size_log2, n = r.page_budget - 1;
+    int* out = selected + static_cast<size_t>(row) * select_stride;
+    float e[KPT];
+    if (sparq::rows_rank_values(per_head, G)) {
+#pragma unroll
+        for (int u = 0; u < KPT; ++u) {
+            const int i = u * kTopkThreads + tid;
+            e[u] = i < L ? values[static_cast<size_t>(row) * stride + i] : 0.0f;
+        }
+    } else {
+        for (int g = 0; g < G; ++g) {
+            const float* v = values + static_cast<size_t>(row * G + g) * stride;
+            float x[KPT], m = -INFINITY;
+#pragma unroll
+            for (int u = 0; u < KPT; ++u) {
+                const int i = u * kTopkThreads + tid;
+                x[u] = i < L ? v[i] : -INFINITY;
+                m = fmaxf(m, x[u]);
+            }
+            m = block_reduce<true>(m, s_warp);
+            float z = 0.0f;
+#pragma unroll
+            for (int u = 0; u < KPT; ++u) {
+                x[u] = u * kTopkThreads + tid < L ? expf(x[u] - m) : 0.0f;
+                z += x[u];
+            }
+            z = block_reduce<false>(z, s_warp);
+#pragma unroll
+            for (int u = 0; u < KPT; ++u) {
+                const float w = x[u] / z;
+                e[u] = g == 0 ? w : policy == GqaPolicy::KvSum ? e[u] + w : fmaxf(e[u], w);
+            }
+        }
+    }
+    if (tid == 0) out[n] = P - 1;
+    if (n == 0) return;
+    topk_select_row_reg<kTopkThreads, KPT>(out, e, L, n, sm);  // L > n (sparq::rerank_pages)
+    __syncthreads();  // the places written
+    const int* list = shortlist + static_cast<size_t>(row) * stride;
+    for (int j = tid; j < n; j += kTopkThreads) out[j] = list[out[j]];
+}
+
 template <int D>
 void launch_scores(float* lse, const KeySketchView& sk, const __half* q, const KvLayerView& kv, const int* d_pos,
                    int num_heads, int page_budget, float scale, const SparqRope& ra, cudaStream_t stream) {
@@ -352,6 +544,90 @@ void sparq_decode(__half* out, const KeySketchView& sk, float* lse, const __half
     quest_top_k(ws.selected, scores, kv.max_pages, d_pos, rows, kv.page_size, page_budget, stream, match, stride,
                 kv.window);
     attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream, match);
+}
+
+size_t sparq_rerank_workspace_floats(int num_heads, int max_pages) {
+    return 3 * oracle_workspace_floats(num_heads, max_pages);
+}
+
+SparqRerankBuffers sparq_rerank_buffers(float* workspace, int num_heads, int max_pages) {
+    const size_t n = oracle_workspace_floats(num_heads, max_pages);
+    SparqRerankBuffers b;
+    b.lse = workspace;
+    b.values = workspace + n;
+    b.shortlist = reinterpret_cast<int*>(workspace + 2 * n);
+    b.stride = max_pages;
+    return b;
+}
+
+int sparq_rerank_capacity(int max_pages, int page_size, int head_dim, int rows_per_kv, int page_budget) {
+    return max_pages < 2 ? 0 : sparq::rerank_pages(max_pages - 1, page_size, head_dim, rows_per_kv, page_budget - 1);
+}
+
+void sparq_rerank_decode(__half* out, const KeySketchView& sk, float* workspace, const __half* q,
+                         const KvLayerView& kv, const int* d_pos, int num_heads, int page_budget, GqaPolicy policy,
+                         float scale, const QuestWorkspace& ws, cudaStream_t stream, const QuestRopeAppend* rope) {
+    QUEST_REQUIRE(ws.scores && ws.selected && workspace, "null pointer");
+    const SparqRerankBuffers b = sparq_rerank_buffers(workspace, num_heads, kv.max_pages);
+    sparq_page_lse(b.lse, sk, q, kv, d_pos, num_heads, page_budget, scale, stream, rope);  // checks the shapes
+    const float* scores = sparq_row_scores(b.lse, ws, num_heads, kv.num_kv_heads, policy);
+    if (scores != b.lse)
+        oracle_row_scores(ws.scores, nullptr, b.lse, d_pos, num_heads, kv.num_kv_heads, kv.max_pages, kv.page_size,
+                          page_budget, policy, stream, kv.window);
+    const int G = num_heads / kv.num_kv_heads, rows = quest_selection_rows(num_heads, kv.num_kv_heads, policy);
+    const bool per_head = policy == GqaPolicy::PerHead;
+    RerankShape r;
+    r.page_size_log2 = log2_exact(kv.page_size);
+    r.head_dim = kv.head_dim;
+    r.rows_per_kv = per_head ? G : 1;
+    r.page_budget = page_budget;
+    const int lcap = sparq_rerank_capacity(kv.max_pages, kv.page_size, kv.head_dim, r.rows_per_kv, page_budget);
+    QUEST_REQUIRE(lcap <= kTopkThreads * kTopkRegMaxKpt, "sparq-rerank: shortlists of at most 8192 pages");
+    const int stride = b.stride;
+    // Step 3 (the top-k kernel's dispatch on the row stride).
+    auto shortlist = [&](auto kernel, int smem, bool cache) {
+        launch_pdl(kernel, dim3(rows), dim3(kTopkThreads), static_cast<size_t>(smem), stream, ws.selected,
+                   b.shortlist, scores, stride, d_pos, r, static_cast<int>(cache), page_budget);
+    };
+    if (stride <= kTopkThreads * 4) {
+        shortlist(rerank_shortlist_kernel<4>, 0, false);
+    } else if (stride <= kTopkThreads * 8) {
+        shortlist(rerank_shortlist_kernel<8>, 0, false);
+    } else if (stride <= kTopkThreads * kTopkRegMaxKpt) {
+        shortlist(rerank_shortlist_kernel<kTopkRegMaxKpt>, 0, false);
+    } else {
+        const bool cache = stride <= kTopkCacheMax;
+        const int smem = cache ? stride * static_cast<int>(sizeof(uint32_t)) : 0;
+        if (smem > 32 * 1024)
+            CUDA_CHECK(cudaFuncSetAttribute(rerank_shortlist_kernel<0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                            smem));
+        shortlist(rerank_shortlist_kernel<0>, smem, cache);
+    }
+    if (lcap > 0) {
+        // Step 4.
+        const dim3 grid(ceil_div(lcap, kThreads / (kv.page_size / kTok)), rows);
+        with_head_dim(kv.head_dim, "sparq_rerank_decode", [&](auto d) {
+            constexpr int D = decltype(d)::value;
+            if constexpr (D >= 16)
+                with_group_tile(per_head ? 1 : G, [&](auto gt) {
+                    constexpr int GT = decltype(gt)::value;
+                    launch_pdl(rerank_values_kernel<D, GT>, grid, dim3(kThreads), 0, stream, b.values, b.shortlist,
+                               sk.k8, q, kv, d_pos, num_heads, r, per_head, scale, stride);
+                });
+        });
+        // Step 5.
+        auto select = [&](auto kernel) {
+            launch_pdl(kernel, dim3(rows), dim3(kTopkThreads), 0, stream, ws.selected, b.shortlist, b.values, d_pos,
+                       num_heads, kv.num_kv_heads, r, policy, page_budget, stride);
+        };
+        if (lcap <= kTopkThreads * 4)
+            select(rerank_select_kernel<4>);
+        else if (lcap <= kTopkThreads * 8)
+            select(rerank_select_kernel<8>);
+        else
+            select(rerank_select_kernel<kTopkRegMaxKpt>);
+    }
+    attention_decode_sparse(out, q, kv, d_pos, ws.selected, num_heads, page_budget, policy, scale, ws, stream);
 }
 
 }  // namespace quest

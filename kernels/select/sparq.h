@@ -40,7 +40,7 @@ int sparq_matched_pages(const QuestSelectArgs& a);
 // The selector's CPU reference (select_blocks_ref's contract). Needs a.keys ([num_kv_heads][key_capacity][D]).
 void sparq_select_ref(const QuestSelectArgs& a, Selection& out);
 
-// sparq-rerank (PageSelector::SparqRerank; CPU): sparq's page ranking as a shortlist, each row's top L pages
+// sparq-rerank (PageSelector::SparqRerank; GPU: sparq_rerank_decode): sparq's page ranking as a shortlist, each row's top L pages
 // (sparq::rerank_pages: what fp16 Quest's metadata bytes leave after sparq's own) re-ranked by their best token on
 // all D channels of the same sketch, shares over the shortlist; K pages. Quest's bytes, not more.
 void sparq_rerank_select_ref(const QuestSelectArgs& a, Selection& out);

@@ -104,7 +104,7 @@ std::vector<Setting<QuestSettings>> make_table() {
                           "mass; evaluation only, reads every key), two-level (coarse shortlist re-ranked by sub-page "
                           "bounds; CPU), sparq (pages ranked by their best token on the query's largest channels, "
                           "from an fp8 key sketch; docs/quest.md), sparq-rerank (sparq's top pages re-ranked on "
-                          "every channel of the sketch within Quest's bytes; CPU)"));
+                          "every channel of the sketch within Quest's bytes)"));
     sel.choices_now = selector_names;
 
     auto& meta = add(entry("metadata", "--metadata", K::Enum, &QuestSettings::metadata,

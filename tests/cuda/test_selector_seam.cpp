@@ -17,7 +17,7 @@ using namespace quest;
 TEST(SelectorSeamCuda, SelectorWithoutCudaDefinitionIsRefused) {
     QUEST_REQUIRE_GPU();
     const ModelFolder m = open_model_folder(test::demo_model_dir());
-    for (PageSelector s : {test::cpu_only_selector(), PageSelector::TwoLevel, PageSelector::SparqRerank}) {
+    for (PageSelector s : {test::cpu_only_selector(), PageSelector::TwoLevel}) {
         QuestSettings q;
         q.selector = s;
         try {
