@@ -950,10 +950,9 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     check(q, len);
                 }
     // The streaming (no metadata), oracle (every key, keys_scanned) and sparq (its sketch; K pages and bytes-matched)
-    // selectors, what the CUDA backend runs besides quest, and sparq-rerank (the sketch and the re-ranked pages).
+    // selectors: what the CUDA backend runs besides quest.
     const std::pair<PageSelector, bool> others[] = {{PageSelector::Streaming, false}, {PageSelector::Oracle, false},
-                                                    {PageSelector::Sparq, false}, {PageSelector::Sparq, true},
-                                                    {PageSelector::SparqRerank, false}};
+                                                    {PageSelector::Sparq, false}, {PageSelector::Sparq, true}};
     for (const auto& [sel, match] : others)
         for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
             for (int len : {10, 46, 333}) {
@@ -967,5 +966,5 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
                     EXPECT_EQ(meta, keys) << q.policy_label() << " len " << len;
                 }
             }
-    EXPECT_EQ(checked, 72 + 45);
+    EXPECT_EQ(checked, 72 + 36);
 }

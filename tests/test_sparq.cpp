@@ -119,18 +119,6 @@ const std::vector<Case> kCases = {
     {6, 2, 16, 4, 301, 12, GqaPolicy::PerHead},   {32, 8, 128, 16, 4100, 2048, GqaPolicy::KvSum},
 };
 
-// One selecting step's shape for a selector's bytes model.
-StepShape step_shape(int len, int page_size, int kv_heads, int rows, int kv_pages, int head_dim) {
-    StepShape sh;
-    sh.len = len;
-    sh.page_size = page_size;
-    sh.num_kv_heads = kv_heads;
-    sh.rows = rows;
-    sh.kv_pages = kv_pages;
-    sh.head_dim = head_dim;
-    return sh;
-}
-
 TEST(Sparq, SelectionEqualsBruteForce) {
     int checked = 0;
     for (bool match : {false, true})
@@ -221,43 +209,39 @@ TEST(Sparq, SelectionEqualsBruteForce) {
     EXPECT_GT(checked, 40);
 }
 
-// Selecting steps (P > K) over head sizes, page sizes, budgets, policies and lengths to 32K; Case::budget in pages.
-std::vector<Case> step_grid() {
-    std::vector<Case> cases;
+TEST(Sparq, NeverReadsMoreThanQuestAndStepReadsAgree) {
+    int checked = 0;
     for (int d : {32, 64, 128})
         for (int s : {8, 16, 32, 64})
             for (int budget : {32, 64, 256, 2048})
                 for (GqaPolicy pol : {GqaPolicy::KvSum, GqaPolicy::PerHead})
                     for (int len : {budget + 1, 3 * budget + 7, 4097, 32768}) {
-                        const int K = std::max(1, budget / s);
-                        if ((len + s - 1) / s > K) cases.push_back({8, 2, d, s, len, K, pol});
+                        const int heads = 8, kv = 2, K = std::max(1, budget / s), P = (len + s - 1) / s;
+                        if (P <= K) continue;
+                        Case c{heads, kv, d, s, len, K, pol};
+                        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
+                        const Budget b = brute_budget(c, rows_per_kv);
+                        const int last_tokens = len - (P - 1) * s;
+                        EXPECT_EQ(sparq::matched_pages(P - 1, last_tokens, s, K, d, rows_per_kv), b.pages);
+                        const codes::MatchedBudget m = sparq::budget(s, d, rows_per_kv);
+                        EXPECT_EQ(codes::step_pages(len, s, K, m), b.pages + 1);
+                        for (int kv_pages : {K, b.pages + 1}) {  // K pages, bytes-matched
+                            StepShape sh;
+                            sh.len = len;
+                            sh.page_size = s;
+                            sh.num_kv_heads = kv;
+                            sh.rows = pol == GqaPolicy::PerHead ? heads : kv;
+                            sh.kv_pages = kv_pages;
+                            sh.head_dim = d;
+                            const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
+                            EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
+                                << "d " << d << " s " << s << " B " << budget << " len " << len;
+                            EXPECT_EQ(r.kv_tokens, static_cast<int64_t>(sh.rows) *
+                                                       (static_cast<int64_t>(kv_pages - 1) * s + last_tokens));
+                            EXPECT_EQ(r.sketch_bytes, kv * sparq::own_bytes(P - 1, s, d));
+                        }
+                        ++checked;
                     }
-    return cases;
-}
-
-TEST(Sparq, NeverReadsMoreThanQuestAndStepReadsAgree) {
-    int checked = 0;
-    for (const Case& c : step_grid()) {
-        const int heads = c.heads, kv = c.kv_heads, d = c.d, s = c.s, len = c.len, K = c.budget, budget = K * s;
-        const GqaPolicy pol = c.policy;
-        const int P = (len + s - 1) / s;
-        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
-        const Budget b = brute_budget(c, rows_per_kv);
-        const int last_tokens = len - (P - 1) * s;
-        EXPECT_EQ(sparq::matched_pages(P - 1, last_tokens, s, K, d, rows_per_kv), b.pages);
-        const codes::MatchedBudget m = sparq::budget(s, d, rows_per_kv);
-        EXPECT_EQ(codes::step_pages(len, s, K, m), b.pages + 1);
-        for (int kv_pages : {K, b.pages + 1}) {  // K pages, bytes-matched
-            const StepShape sh = step_shape(len, s, kv, rows_per_kv * kv, kv_pages, d);
-            const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
-            EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
-                << "d " << d << " s " << s << " B " << budget << " len " << len;
-            EXPECT_EQ(r.kv_tokens, static_cast<int64_t>(sh.rows) *
-                                       (static_cast<int64_t>(kv_pages - 1) * s + last_tokens));
-            EXPECT_EQ(r.sketch_bytes, kv * sparq::own_bytes(P - 1, s, d));
-        }
-        ++checked;
-    }
     EXPECT_GT(checked, 100);
 }
 
@@ -271,189 +255,15 @@ TEST(Sparq, StepReadsEqualTheRunningSelector) {
         select_blocks_ref(a, sel);
         if (sel.reads.dense) continue;
         const int rows_per_kv = c.policy == GqaPolicy::PerHead ? c.heads / c.kv_heads : 1;
-        const int kv_pages = codes::step_pages(c.len, c.s, a.page_budget,
-                                               match ? sparq::budget(c.s, c.d, rows_per_kv) : codes::MatchedBudget{});
-        const StepShape sh = step_shape(c.len, c.s, c.kv_heads, rows_per_kv * c.kv_heads, kv_pages, c.d);
+        StepShape sh;
+        sh.len = c.len;
+        sh.page_size = c.s;
+        sh.num_kv_heads = c.kv_heads;
+        sh.rows = c.policy == GqaPolicy::PerHead ? c.heads : c.kv_heads;
+        sh.kv_pages = codes::step_pages(c.len, c.s, a.page_budget,
+                                        match ? sparq::budget(c.s, c.d, rows_per_kv) : codes::MatchedBudget{});
+        sh.head_dim = c.d;
         const SelectionReads r = page_selector_def(PageSelector::Sparq).step_reads(sh);
-        EXPECT_EQ(r.sketch_bytes, sel.reads.sketch_bytes);
-        EXPECT_EQ(r.kv_tokens, sel.reads.kv_tokens);
-        EXPECT_EQ(r.rows, sel.reads.rows);
-    }
-}
-
-// sparq-rerank's shortlist length written from its definition (sparq_rule.h): the most pages L <= last whose
-// re-scoring (rows_per_kv * L * (D - r) * S bytes) fits with sparq's own bytes in fp16 Quest's metadata of the
-// step (last * 4 D per KV head); 0 when not more than the n pages kept.
-int brute_rerank_pages(int last, int s, int d, int rows_per_kv, int n) {
-    const int r = std::min(d / 8, 2 * d / s);
-    const int64_t own = static_cast<int64_t>(last) * s * r + d;
-    int L = 0;
-    while (L < last && own + rows_per_kv * (L + 1ll) * (d - r) * s <= static_cast<int64_t>(last) * 4 * d) ++L;
-    return L > n ? L : 0;
-}
-
-// The selection against a brute force in double from the definition: sparq's ranking (channels, best tokens,
-// shares, aggregation), its top L as the shortlist, each shortlisted page's best token over all D channels, shares
-// over the shortlist, the top K - 1 of them. A page that differs must sit at a near-tie of one of the two cuts.
-TEST(SparqRerank, SelectionEqualsBruteForce) {
-    int checked = 0, reranked = 0;
-    for (const Case& c : kCases) {
-        SCOPED_TRACE(testing::Message() << "H=" << c.heads << " Hkv=" << c.kv_heads << " D=" << c.d << " S=" << c.s
-                                        << " len=" << c.len << " B=" << c.budget);
-        const Inputs in = make(c, 4321 + c.len);
-        QuestSelectArgs a = args(c, in);
-        a.selector = PageSelector::SparqRerank;
-        Selection sel;
-        select_blocks_ref(a, sel);
-        const int G = c.heads / c.kv_heads, P = (c.len + c.s - 1) / c.s, last = P - 1, K = a.page_budget, n = K - 1;
-        if (P <= K) {  // dense
-            for (const auto& b : sel.blocks) EXPECT_EQ(static_cast<int>(b.size()), P);
-            continue;
-        }
-        const int rows_per_kv = c.policy == GqaPolicy::PerHead ? G : 1;
-        const int L = brute_rerank_pages(last, c.s, c.d, rows_per_kv, n);
-        reranked += L > 0;
-        const int r = std::min(c.d / 8, 2 * c.d / c.s);
-        const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
-        const bool values = c.policy == GqaPolicy::PerHead || G == 1;  // a row of one head ranks v itself
-        for (int kvh = 0; kvh < c.kv_heads; ++kvh) {
-            std::vector<double> w(c.d, 0.0);
-            for (int g = 0; g < G; ++g)
-                for (int i = 0; i < c.d; ++i) w[i] += std::fabs(in.q[(kvh * G + g) * c.d + i]);
-            std::vector<int> ch, all;
-            for (int i = 0; i < c.d; ++i) {
-                int better = 0;
-                for (int j = 0; j < c.d; ++j) better += w[j] > w[i] || (w[j] == w[i] && j < i);
-                if (better < r) ch.push_back(i);
-                all.push_back(i);
-            }
-            auto best = [&](int h, int p, const std::vector<int>& chans) {
-                double b = -INFINITY;
-                for (int t = p * c.s; t < (p + 1) * c.s; ++t) {
-                    double s = 0;
-                    for (int i : chans)
-                        s += double(in.q[h * c.d + i]) *
-                             sparq::e4m3_round(in.keys[(static_cast<size_t>(kvh) * in.cap + t) * c.d + i]);
-                    b = std::max(b, s);
-                }
-                return b;
-            };
-            // Entries of one head over a list of pages: scale * best, or its shares over the list.
-            auto entries = [&](int h, const std::vector<int>& pages, const std::vector<int>& chans) {
-                std::vector<double> e;
-                for (int p : pages) e.push_back(scale * best(h, p, chans));
-                if (values) return e;
-                double m = -INFINITY, z = 0;
-                for (double x : e) m = std::max(m, x);
-                for (double x : e) z += std::exp(x - m);
-                for (double& x : e) x = std::exp(x - m) / z;
-                return e;
-            };
-            auto row_of = [&](const std::vector<int>& heads, const std::vector<int>& pages, const std::vector<int>& chans) {
-                std::vector<double> row(pages.size(), 0.0);
-                for (size_t k = 0; k < heads.size(); ++k) {
-                    const std::vector<double> e = entries(heads[k], pages, chans);
-                    for (size_t i = 0; i < pages.size(); ++i)
-                        row[i] = k == 0 ? e[i] : c.policy == GqaPolicy::KvMax ? std::max(row[i], e[i]) : row[i] + e[i];
-                }
-                return row;
-            };
-            auto top = [](const std::vector<double>& score, int k) {
-                std::vector<int> order(score.size());
-                for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-                std::stable_sort(order.begin(), order.end(), [&](int x, int y) { return score[x] > score[y]; });
-                order.resize(k);
-                return order;
-            };
-            auto near = [](double x, double cut) { return std::fabs(x - cut) <= 1e-5 * std::fabs(cut) + 1e-12; };
-            std::vector<int> complete(last);
-            for (int p = 0; p < last; ++p) complete[p] = p;
-            std::vector<std::vector<int>> rows;
-            if (c.policy == GqaPolicy::PerHead) {
-                for (int g = 0; g < G; ++g) rows.push_back({kvh * G + g});
-            } else {
-                rows.emplace_back();
-                for (int g = 0; g < G; ++g) rows.back().push_back(kvh * G + g);
-            }
-            for (const std::vector<int>& heads : rows) {
-                const std::vector<double> s1 = row_of(heads, complete, ch);
-                std::vector<int> want;
-                double cut1 = 0, cut2 = 0;
-                std::vector<double> s2;
-                std::vector<int> shortlist;
-                if (L > 0) {
-                    shortlist = top(s1, L);
-                    cut1 = s1[shortlist.back()];
-                    s2 = row_of(heads, shortlist, all);
-                    const std::vector<int> o = top(s2, n);
-                    cut2 = s2[o.back()];
-                    for (int i : o) want.push_back(shortlist[i]);
-                } else {
-                    want = top(s1, n);
-                    cut1 = s1[want.back()];
-                }
-                const std::vector<int>& got = sel.blocks[heads[0]];
-                ASSERT_EQ(static_cast<int>(got.size()), n + 1);
-                EXPECT_EQ(got.back(), last);
-                const std::set<int> want_set(want.begin(), want.end());
-                for (int i = 0; i < n; ++i) {
-                    const int p = got[i];
-                    if (want_set.count(p)) continue;
-                    const auto in_short = std::find(shortlist.begin(), shortlist.end(), p);
-                    if (L > 0 && in_short != shortlist.end())
-                        EXPECT_TRUE(near(s2[in_short - shortlist.begin()], cut2)) << "page " << p;
-                    else
-                        EXPECT_TRUE(near(s1[p], cut1)) << "page " << p;
-                }
-                for (int h : heads) EXPECT_EQ(sel.blocks[h], got);
-                ++checked;
-            }
-        }
-        // Bytes: sparq's own, the re-scored pages' other D - r channels, K pages: never above fp16 Quest's.
-        Case ck = c;
-        ck.budget = K;
-        EXPECT_LE(selection_bytes(sel.reads, c.d, MetadataFormat::Fp16), brute_budget(ck, rows_per_kv).quest * c.kv_heads);
-        EXPECT_EQ(sel.reads.sketch_bytes,
-                  c.kv_heads * (static_cast<int64_t>(last) * c.s * r + c.d +
-                                static_cast<int64_t>(rows_per_kv) * L * (c.d - r) * c.s));
-    }
-    EXPECT_GT(checked, 20);
-    EXPECT_GE(reranked, 5);  // the cases re-rank (a shortlist longer than K - 1 fits), not only sparq's ranking
-}
-
-TEST(SparqRerank, NeverReadsMoreThanQuestAndStepReadsAgree) {
-    int checked = 0, reranked = 0;
-    for (const Case& c : step_grid()) {
-        const int heads = c.heads, kv = c.kv_heads, d = c.d, s = c.s, len = c.len, K = c.budget, budget = K * s;
-        const GqaPolicy pol = c.policy;
-        const int P = (len + s - 1) / s;
-        const int rows_per_kv = pol == GqaPolicy::PerHead ? heads / kv : 1;
-        const int L = brute_rerank_pages(P - 1, s, d, rows_per_kv, K - 1);
-        EXPECT_EQ(sparq::rerank_pages(P - 1, s, d, rows_per_kv, K - 1), L);
-        reranked += L > 0;
-        const StepShape sh = step_shape(len, s, kv, rows_per_kv * kv, K, d);
-        const SelectionReads r = page_selector_def(PageSelector::SparqRerank).step_reads(sh);
-        const Budget b = brute_budget(c, rows_per_kv);
-        EXPECT_LE(selection_bytes(r, d, MetadataFormat::Fp16), b.quest * kv)
-            << "d " << d << " s " << s << " B " << budget << " len " << len;
-        EXPECT_EQ(r.sketch_bytes, kv * (sparq::own_bytes(P - 1, s, d) +
-                                        static_cast<int64_t>(rows_per_kv) * L *
-                                            (d - sparq::channels(d, s)) * s));
-        ++checked;
-    }
-    EXPECT_GT(checked, 100);
-    EXPECT_GT(reranked, 50);
-    // The running selector counts what the model says.
-    for (const Case& c : kCases) {
-        const Inputs in = make(c, 7 + c.d);
-        QuestSelectArgs a = args(c, in);
-        a.selector = PageSelector::SparqRerank;
-        Selection sel;
-        select_blocks_ref(a, sel);
-        if (sel.reads.dense) continue;
-        const int rows = c.policy == GqaPolicy::PerHead ? c.heads : c.kv_heads;
-        const StepShape sh = step_shape(c.len, c.s, c.kv_heads, rows, a.page_budget, c.d);
-        const SelectionReads r = page_selector_def(PageSelector::SparqRerank).step_reads(sh);
         EXPECT_EQ(r.sketch_bytes, sel.reads.sketch_bytes);
         EXPECT_EQ(r.kv_tokens, sel.reads.kv_tokens);
         EXPECT_EQ(r.rows, sel.reads.rows);

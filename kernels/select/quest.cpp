@@ -3,7 +3,6 @@
 #include "kernels/attention/attention.h"
 #include "kernels/select/page_codes.h"
 #include "kernels/select/registry.h"
-#include "kernels/select/sparq.h"
 #include "kernels/select/sparq_rule.h"
 
 #include <algorithm>
@@ -145,9 +144,9 @@ void check_args(const QuestSelectArgs& a) {
         throw std::invalid_argument("select: invalid arguments");
     if (a.selector == PageSelector::Oracle && (!a.keys || a.key_capacity < a.len || a.scale <= 0.0f))
         throw std::invalid_argument("select: the oracle needs the keys and the softmax scale");
-    if (uses_sparq_sketch(a.selector) && (!a.keys || a.key_capacity < a.len || a.scale <= 0.0f))
+    if (a.selector == PageSelector::Sparq && (!a.keys || a.key_capacity < a.len || a.scale <= 0.0f))
         throw std::invalid_argument("select: sparq needs the keys (its sketch is made from them) and the softmax scale");
-    if (uses_sparq_sketch(a.selector) && !sparq::supported(a.head_dim, a.page_size))
+    if (a.selector == PageSelector::Sparq && !sparq::supported(a.head_dim, a.page_size))
         throw std::invalid_argument("select: sparq needs head_dim a multiple of 8 and at least half the page size");
     if (a.mass_target < 0.0f || a.mass_target > 1.0f || (a.mass_target > 0.0f && a.scale <= 0.0f))
         throw std::invalid_argument("select: mass_target must be in [0, 1] and needs the softmax scale");

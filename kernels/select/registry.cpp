@@ -55,9 +55,6 @@ std::vector<PageSelectorDef>& registry() {
         {"sparq", "top pages by their best token's logit on the query's largest D/8 channels (fp8 key sketch); "
                   "with match_bytes as many as fit in fp16 Quest's bytes",
          kUsesMatchBytes, sparq_select_ref, sparq_step_reads},
-        {"sparq-rerank", "sparq's ranking as a shortlist, re-ranked on every channel of the key sketch within fp16 "
-                         "Quest's metadata bytes",
-         0, sparq_rerank_select_ref, sparq_rerank_step_reads},
     };
     return defs;
 }

@@ -42,11 +42,6 @@ void sparq_layer(const CudaSelectArgs& a) {  // token scores on the sketch, Ques
     sparq_decode(a.out, *a.sketch, a.workspace, a.q, a.kv, a.d_pos, a.num_heads, a.page_budget, a.policy, a.scale,
                  a.match, a.ws, a.stream, a.rope);
 }
-void sparq_rerank_layer(const CudaSelectArgs& a) {  // sparq's scores, a shortlist re-ranked on every channel
-    if (!a.sketch) throw std::logic_error("sparq_rerank_layer: the backend keeps no key sketch for this layer");
-    sparq_rerank_decode(a.out, *a.sketch, a.workspace, a.q, a.kv, a.d_pos, a.num_heads, a.page_budget, a.policy,
-                        a.scale, a.ws, a.stream, a.rope);
-}
 bool sparq_folds_rope(const CudaSelectArgs&) { return true; }  // the token's RoPE + append in the scoring launch
 const float* sparq_scores(const CudaSelectArgs& a) {
     return sparq_row_scores(a.workspace, a.ws, a.num_heads, a.kv.num_kv_heads, a.policy);
@@ -54,16 +49,13 @@ const float* sparq_scores(const CudaSelectArgs& a) {
 
 const float* ws_scores(const CudaSelectArgs& a) { return a.ws.scores; }
 
-// The built-in selectors the CUDA backend runs (two-level runs on the CPU backend only). sparq-rerank's row scores
-// are sparq's, the ranking its shortlist came from (its lse buffer leads its workspace as sparq's does).
+// The built-in selectors the CUDA backend runs (two-level runs on the CPU backend only).
 std::map<PageSelector, CudaSelectorOps>& registry() {
     static std::map<PageSelector, CudaSelectorOps> ops = {
         {PageSelector::Quest, {quest_layer, quest_folds_rope, nullptr, ws_scores}},
         {PageSelector::Streaming, {streaming_layer, nullptr, nullptr, nullptr}},
         {PageSelector::Oracle, {oracle_layer, nullptr, oracle_workspace_floats, ws_scores}},
         {PageSelector::Sparq, {sparq_layer, sparq_folds_rope, sparq_workspace_floats, sparq_scores}},
-        {PageSelector::SparqRerank,
-         {sparq_rerank_layer, sparq_folds_rope, sparq_rerank_workspace_floats, sparq_scores}},
     };
     return ops;
 }

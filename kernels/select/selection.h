@@ -29,8 +29,6 @@ enum class PageSelector : int {
                 // selection is made of sub-pages (two_level_select_ref)
     Sparq,      // pages ranked by their best token's approximate logit on the query's largest channels, from an
                 // fp8 channel-major key sketch; top-(K-1), or bytes-matched to fp16 Quest (kernels/select/sparq.h)
-    SparqRerank,  // sparq's ranking as a shortlist, re-ranked on all channels of the sketch within fp16 Quest's
-                  // metadata bytes; top-(K-1) (kernels/select/sparq.h, sparq.cuh)
 };
 
 // Storage format of the page bounds a bound-based selector (quest, two-level's coarse level) reads.

@@ -66,31 +66,4 @@ void sparq_decode(__half* out, const KeySketchView& sk, float* lse, const __half
                   const MatchedBudget& match, const QuestWorkspace& ws, cudaStream_t stream,
                   const QuestRopeAppend* rope = nullptr);
 
-// sparq-rerank (PageSelector::SparqRerank; kernels/select/sparq.h, the rule in sparq_rule.h, "re-rank"): steps 1-2
-// as sparq's, then per layer
-//   3. per row the top L pages of the row scores, L = sparq::rerank_pages at this length, into the row's shortlist
-//      (ascending page ids, as quest_top_k writes them); with L = 0 (nothing to re-rank) or at a dense step, the
-//      selection itself, as quest_top_k writes it (steps 4-5 then do nothing);
-//   4. per shortlisted page and head of its row, scale * its best token's sum over all D channels (ascending) of
-//      q * e4m3(k): sparq_page_scores_ref's bits with every channel;
-//   5. per row, the heads' shares over the shortlist aggregated as sparq's (a row of one head: the values), the top
-//      K - 1 (ties: the lower page id) and the last page, ascending; then attention_decode_sparse over K pages.
-// The shortlist and the values are sparq_page_scores_ref's bits; the shares are fp32 with sums in other orders than
-// the CPU's, so the selections are the CPU's up to swaps at near-ties (as sparq's). Graph-capturable as sparq_decode.
-// Workspace: lse, values and shortlists, each [num_heads][max_pages] (row stride max_pages).
-struct SparqRerankBuffers {
-    float* lse = nullptr;     // [num_heads][max_pages]: step 1's page values
-    float* values = nullptr;  // [num_heads][stride]: step 4's values, entry i for shortlist place i
-    int* shortlist = nullptr; // [rows][stride]: step 3's pages, ascending, entry L the last page
-    int stride = 0;           // max_pages
-};
-size_t sparq_rerank_workspace_floats(int num_heads, int max_pages);
-SparqRerankBuffers sparq_rerank_buffers(float* workspace, int num_heads, int max_pages);
-// The most pages a row re-ranks at any length of the cache (sparq::rerank_pages at max_pages - 1 complete pages).
-int sparq_rerank_capacity(int max_pages, int page_size, int head_dim, int rows_per_kv, int page_budget);
-void sparq_rerank_decode(__half* out, const KeySketchView& sk, float* workspace, const __half* q,
-                         const KvLayerView& kv, const int* d_pos, int num_heads, int page_budget, GqaPolicy policy,
-                         float scale, const QuestWorkspace& ws, cudaStream_t stream,
-                         const QuestRopeAppend* rope = nullptr);
-
 }  // namespace quest

@@ -40,17 +40,8 @@ int sparq_matched_pages(const QuestSelectArgs& a);
 // The selector's CPU reference (select_blocks_ref's contract). Needs a.keys ([num_kv_heads][key_capacity][D]).
 void sparq_select_ref(const QuestSelectArgs& a, Selection& out);
 
-// sparq-rerank (PageSelector::SparqRerank; GPU: sparq_rerank_decode): sparq's page ranking as a shortlist, each row's top L pages
-// (sparq::rerank_pages: what fp16 Quest's metadata bytes leave after sparq's own) re-ranked by their best token on
-// all D channels of the same sketch, shares over the shortlist; K pages. Quest's bytes, not more.
-void sparq_rerank_select_ref(const QuestSelectArgs& a, Selection& out);
-
-// The bytes models without running them (StepShape: kernels/select/registry.h).
+// The bytes model without running it (StepShape: kernels/select/registry.h).
 struct StepShape;
 SelectionReads sparq_step_reads(const StepShape& s);
-SelectionReads sparq_rerank_step_reads(const StepShape& s);
-
-// Selectors that read sparq's key sketch (made from the keys: the CPU reference needs them).
-inline bool uses_sparq_sketch(PageSelector s) { return s == PageSelector::Sparq || s == PageSelector::SparqRerank; }
 
 }  // namespace quest

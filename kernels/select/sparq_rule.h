@@ -26,10 +26,6 @@
 //              half of Quest's metadata the sketch leaves); the pages besides the last are as many as fit in fp16
 //              Quest's bytes at the same step after those (sparq_matched_pages, codes::matched_pages with the
 //              append write as fixed bytes).
-//   re-rank    sparq-rerank (a selector of its own, K pages): each row's top L pages by the score above (L =
-//              rerank_pages: the metadata bytes Quest would read and sparq does not), each re-scored by its best
-//              token over all D channels (ascending) of q * e4m3(k), turned into shares over the L pages per head
-//              and aggregated as above (a row of one head: v itself); the top K - 1 of them and the last page.
 #include <cmath>
 #include <cstdint>
 
@@ -82,20 +78,6 @@ QUEST_HD inline int matched_pages(int64_t last, int64_t last_tokens, int page_si
     const codes::MatchedBudget m = budget(page_size, head_dim, static_cast<int>(rows));
     return static_cast<int>(codes::matched_pages(last, last_tokens, page_size, page_budget, head_dim, m.meta_bytes,
                                                  last, rows, m.fixed_bytes));
-}
-
-// sparq-rerank: the pages a selection row re-scores on all D channels of the sketch after ranking on the r chosen
-// ones, as many as the rest of fp16 Quest's metadata bytes pays for at this step: rows_per_kv * L * (D - r) * S
-// <= last * (4 D - r S) - D per KV head (the r channels of every complete page and the token's sketch are
-// sparq's own bytes), at most the complete pages; 0 when that is not more than the n pages a row keeps (nothing to
-// re-rank: the selection is sparq's).
-QUEST_HD inline int rerank_pages(int64_t last, int page_size, int head_dim, int rows_per_kv, int n) {
-    const int r = channels(head_dim, page_size);
-    const int64_t spare = last * (4ll * head_dim - static_cast<int64_t>(r) * page_size) - head_dim;
-    const int64_t per = static_cast<int64_t>(rows_per_kv) * (head_dim - r) * page_size;
-    int64_t L = spare > 0 ? spare / per : 0;
-    if (L > last) L = last;
-    return L > n ? static_cast<int>(L) : 0;
 }
 
 }  // namespace quest::sparq

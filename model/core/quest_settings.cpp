@@ -103,8 +103,7 @@ std::vector<Setting<QuestSettings>> make_table() {
                           "page selector: quest (the paper), streaming (first + recent pages), oracle (true attention "
                           "mass; evaluation only, reads every key), two-level (coarse shortlist re-ranked by sub-page "
                           "bounds; CPU), sparq (pages ranked by their best token on the query's largest channels, "
-                          "from an fp8 key sketch; docs/quest.md), sparq-rerank (sparq's top pages re-ranked on "
-                          "every channel of the sketch within Quest's bytes)"));
+                          "from an fp8 key sketch; docs/quest.md)"));
     sel.choices_now = selector_names;
 
     auto& meta = add(entry("metadata", "--metadata", K::Enum, &QuestSettings::metadata,

@@ -9,7 +9,6 @@
 #include "kernels/common/parallel.h"
 #include "kernels/select/quest.h"
 #include "kernels/select/registry.h"
-#include "kernels/select/sparq.h"
 #include "kernels/select/sparq_rule.h"
 #include "model/core/step_bytes.h"
 #include "kernels/common/error.h"
@@ -25,10 +24,9 @@ CpuLlama::CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSe
       cache_(KvCacheShape{w_->config.num_layers, w_->config.num_kv_heads, w_->config.head_dim, quest.page_size,
                           capacity, quest.cache_sub_page()}) {
     quest_.validate();
-    if (!quest_.full_attention && uses_sparq_sketch(quest_.selector) &&
+    if (!quest_.full_attention && quest_.selector == PageSelector::Sparq &&
         !sparq::supported(w_->config.head_dim, quest_.page_size))
-        throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) +
-                         "': needs head_dim a multiple of 8 and at least half the page size (head_dim " +
+        throw InputError("selector 'sparq': needs head_dim a multiple of 8 and at least half the page size (head_dim " +
                          std::to_string(w_->config.head_dim) + ", page size " + std::to_string(quest_.page_size) + ")");
     logits_.resize(w_->config.vocab_size);
 }

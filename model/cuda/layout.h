@@ -10,7 +10,6 @@
 #include "kernels/select/quest.cuh"
 #include "kernels/select/registry.h"
 #include "kernels/select/registry_cuda.h"
-#include "kernels/select/sparq.h"
 #include "model/core/step_bytes.h"
 #include "model/cuda/llama_cuda.h"
 #include "model/io/weights.h"
@@ -72,8 +71,8 @@ inline size_t selector_workspace_floats(const ModelConfig& c, const QuestSetting
     return ops && ops->workspace_floats ? ops->workspace_floats(c.num_heads, max_pages) : 0;
 }
 
-// True when the Quest layers keep an fp8 key sketch (sparq and sparq-rerank; kernels/select/sparq.cuh).
-inline bool uses_key_sketch(const QuestSettings& q) { return !q.full_attention && uses_sparq_sketch(q.selector); }
+// True when the Quest layers keep an fp8 key sketch (the sparq selector; kernels/select/sparq.cuh).
+inline bool uses_key_sketch(const QuestSettings& q) { return !q.full_attention && q.selector == PageSelector::Sparq; }
 
 // Layers that run Quest selection (and keep page codes when uses_page_codes).
 inline int quest_layer_count(const ModelConfig& c, const QuestSettings& q) {

@@ -68,7 +68,7 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
             for (int l = quest_.dense_layers; l < c.num_layers; ++l)
                 require_sparq_supported(c.head_dim, quest_.page_size, c.attention_window(l) < capacity ? c.attention_window(l) : 0);
         } catch (const std::invalid_argument& e) {
-            throw InputError("selector '" + std::string(page_selector_name(quest_.selector)) + "': " + e.what());
+            throw InputError(std::string("selector 'sparq': ") + e.what());
         }
     }
     match_ = settings_match(c, quest_);

@@ -537,7 +537,7 @@ void bench_quest_codes() {
 
 
 // One Quest layer of the Llama-2-7B shape (32 heads, 32 KV heads, D = 128, S = 16, kv-sum, B = 2048) with the sparq
-// selector (K pages, bytes-matched: sparq+m, and sparq-rerank) against fp16 Quest, at 4K and 32K tokens: whole layers captured 16
+// selector (K pages, and bytes-matched: sparq+m) against fp16 Quest, at 4K and 32K tokens: whole layers captured 16
 // to a graph (per layer, PDL between the launches as in the step), alternated in two rounds; then the selection
 // stages cumulatively in graphs (Quest: scores; + top-k. sparq: scores; + shares; + top-k), then sparq's launches
 // alone. Bytes per layer: Quest metadata + its 128 pages' K and V; sparq the r = 16 chosen sketch rows of every
@@ -583,7 +583,7 @@ void bench_sparq() {
             w.counters = i.get() + qs.selected;
             return w;
         };
-        DeviceBuffer<float> f0, f1, lse(sparq_workspace_floats(NH, pages)), rr(sparq_rerank_workspace_floats(NH, pages));
+        DeviceBuffer<float> f0, f1, lse(sparq_workspace_floats(NH, pages));
         DeviceBuffer<int> i0, i1;
         const QuestWorkspace w0 = make_ws(qs0, f0, i0), w1 = make_ws(qs1, f1, i1);
         const int n1 = codes::step_pages(L, S, K, m);  // sparq's pages per KV head (the last one included)
@@ -591,8 +591,6 @@ void bench_sparq() {
         const double sketch_bytes = double(NKV) * double(sparq::own_bytes(pages - 1, S, D));
         const double sparq_bytes = sketch_bytes + 2.0 * NKV * double(std::min(B, L)) * D * 2;
         const double sparq_m_bytes = sketch_bytes + 2.0 * NKV * double(n1) * S * D * 2;
-        const int Lr = sparq::rerank_pages(pages - 1, S, D, 1, K - 1);  // sparq-rerank's shortlist per KV head
-        const double rerank_bytes = sparq_bytes + double(NKV) * Lr * (D - sparq::channels(D, S)) * S;
         auto graph_ms = [&](const LayerBody& body) { return graph_ms_per_layer(cap_stream, kLayers, body); };
         const std::string tag = "L=" + std::to_string(L) + " B=" + std::to_string(B);
         const int rows = quest_selection_rows(NH, NKV, pol);
@@ -618,12 +616,6 @@ void bench_sparq() {
                        sparq_decode(out.get(), sks[l % copies], lse.get(), q.get(), views[l % copies], pos.get(), NH,
                                     K, pol, 0.088f, m, w1, st);
                    }), sparq_m_bytes);
-            report("sparq-rerank " + tag + " graph x16, per layer (" + std::to_string(Lr) + " re-ranked, " +
-                       std::to_string(K) + " pages)",
-                   graph_ms([&](int l, cudaStream_t st) {
-                       sparq_rerank_decode(out.get(), sks[l % copies], rr.get(), q.get(), views[l % copies], pos.get(),
-                                           NH, K, pol, 0.088f, w0, st);
-                   }), rerank_bytes);
         }
         report("  quest " + tag + " graph x16: scores", graph_ms([&](int l, cudaStream_t st) {
                    quest_page_scores(w0.scores, q.get(), views[l % copies], pos.get(), NH, K, pol, st);

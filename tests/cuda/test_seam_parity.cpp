@@ -25,7 +25,6 @@
 #include <vector>
 
 #include "cuda_model_util.h"
-#include "kernels/select/sparq.h"
 #include "cuda_test_util.h"
 #include "kernels/common/error.h"
 #include "kernels/linear/gemv.cuh"
@@ -251,9 +250,8 @@ void check_selectors_follow_cpu(const ModelFolder& m) {
     EXPECT_GE(cases.size(), 5u);
     for (const SelectorCase& k : cases) {
         SCOPED_TRACE(k.what);
-        if (m.config.sliding_window > 0 && uses_sparq_sketch(k.q.selector)) {
-            // The GPU kernels of sparq and sparq-rerank do not run sliding-window layers: refused when the backend
-            // is built, by name.
+        if (m.config.sliding_window > 0 && k.q.selector == PageSelector::Sparq) {
+            // sparq's GPU kernels do not run sliding-window layers: refused when the backend is built, by name.
             EXPECT_THAT([&] { (void)CudaLlama::from_folder(m, k.q, 600); },
                         testing::ThrowsMessage<InputError>(testing::HasSubstr("sliding-window")));
             continue;

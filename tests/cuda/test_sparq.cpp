@@ -31,7 +31,6 @@
 #include "follow_cpu.h"
 #include "engine/eval.h"
 #include "kernels/select/quest.h"
-#include "kernels/select/registry.h"
 #include "kernels/select/sparq.cuh"
 #include "kernels/select/sparq.h"
 #include "kernels/select/sparq_rule.h"
@@ -333,116 +332,6 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
     EXPECT_LE(near_ties * 10, rows_checked) << "near-ties must stay rare";
 }
 
-// sparq-rerank on the GPU, stage by stage against the CPU rule (sparq_rule.h, "re-rank") on the GPU's own inputs:
-// the shortlist is the exact top L of the row scores the launch ranked; the values are the reference bits of every
-// shortlisted page's best token on all D channels; the selection is the top K - 1 of the shares computed here in
-// double from those values (near-ties of 1e-4 relative may swap: fp32 shares), plus the last page. Then the whole
-// selection against select_blocks_ref: identical for rows of one head (values, no shares), else up to near-ties.
-TEST(SparqCuda, RerankSelectsTheReferencePages) {
-    QUEST_REQUIRE_GPU();
-    int reranked = 0, rows_checked = 0, near_ties = 0, whole_differs = 0, whole_rows = 0;
-    for (const Shape& s : kShapes) {
-        SCOPED_TRACE(describe(s));
-        const int cap = capacity_for(s);
-        Input in = make_input(s, cap, 53);
-        test::upload_page_metadata(in.c, (s.len + s.page_size - 1) / s.page_size);
-        test::QuestBuffers ws(s, in.c.max_pages);
-        ws.poison();
-        sparq_sketch_write(in.sketch(), in.c.view(), 0, s.len - 1, nullptr);
-        const DeviceBuffer<int> pos = position(s.len);
-        DeviceBuffer<__half> out(static_cast<size_t>(s.num_heads) * s.head_dim);
-        DeviceBuffer<float> work(sparq_rerank_workspace_floats(s.num_heads, in.c.max_pages));
-        work.fill_bytes(0xFF);
-        const float scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
-        sparq_rerank_decode(out.get(), in.sketch(), work.get(), in.dq.get(), in.c.view(), pos.get(), s.num_heads,
-                            s.page_budget, s.policy, scale, ws.ws(), nullptr);
-        const std::vector<float> w = work.download();
-        const std::vector<float> sc = ws.scores.download();
-        const std::vector<int> sel = ws.selected.download();
-        const SparqRerankBuffers b = sparq_rerank_buffers(work.get(), s.num_heads, in.c.max_pages);
-        const size_t n_floats = static_cast<size_t>(s.num_heads) * in.c.max_pages;
-        ASSERT_EQ(b.stride, in.c.max_pages);
-        const int G = s.num_heads / s.num_kv_heads, P = (s.len + s.page_size - 1) / s.page_size, last = P - 1;
-        const bool per_head = s.policy == GqaPolicy::PerHead, values = sparq::rows_rank_values(per_head, G);
-        const int rows = quest_selection_rows(s.num_heads, s.num_kv_heads, s.policy), K = s.page_budget;
-        const int L = sparq::rerank_pages(last, s.page_size, s.head_dim, per_head ? G : 1, K - 1);
-        QuestSelectArgs ra = reference_args(s, in);
-        ra.selector = PageSelector::SparqRerank;
-        Selection ref;
-        select_blocks_ref(ra, ref);
-        std::vector<int> all(s.head_dim);
-        for (int c = 0; c < s.head_dim; ++c) all[c] = c;
-        for (int r = 0; r < rows; ++r) {
-            const std::vector<int> got(sel.begin() + static_cast<size_t>(r) * K, sel.begin() + static_cast<size_t>(r) * K + K);
-            ASSERT_EQ(got.back(), last) << "row " << r;
-            ++whole_rows;
-            const bool same = got == ref.blocks[per_head ? r : r * G];
-            whole_differs += !same;
-            if (values) {
-                EXPECT_TRUE(same) << "row " << r << ": rows of one head are exact";
-            }
-            if (L == 0) continue;  // the selection is sparq's (the shortlist launch wrote it): compared above
-            ++reranked;
-            // The shortlist: the exact top L of the row scores the launch ranked.
-            const float* row_scores = values ? w.data() + static_cast<size_t>(r) * b.stride
-                                             : sc.data() + static_cast<size_t>(r) * in.c.max_pages;
-            const std::vector<int> want_list = top_k_ref(row_scores, last, L);
-            const int* list = reinterpret_cast<const int*>(w.data() + 2 * n_floats) + static_cast<size_t>(r) * b.stride;
-            ASSERT_EQ(std::vector<int>(list, list + L), want_list) << "row " << r;
-            // The values: the reference bits on all channels.
-            const int kvh = per_head ? r / G : r;
-            std::vector<int> heads;
-            for (int g = 0; g < G; ++g)
-                if (!per_head || kvh * G + g == r) heads.push_back(kvh * G + g);
-            std::vector<double> entry(L, 0.0);
-            for (size_t j = 0; j < heads.size(); ++j) {
-                const int h = heads[j];
-                const std::vector<float> best = sparq_page_scores_ref(ra, h, kvh, all, last);
-                const float* v = w.data() + n_floats + static_cast<size_t>(h) * b.stride;
-                double m = -INFINITY, z = 0.0;
-                for (int i = 0; i < L; ++i) {
-                    const float want = scale * best[list[i]];
-                    ASSERT_EQ(std::memcmp(&v[i], &want, sizeof want), 0)
-                        << "head " << h << " place " << i << ": " << v[i] << " vs " << want;
-                    m = std::max(m, static_cast<double>(v[i]));
-                }
-                for (int i = 0; i < L; ++i) z += std::exp(v[i] - m);
-                for (int i = 0; i < L; ++i) {
-                    const double x = values ? v[i] : std::exp(v[i] - m) / z;
-                    entry[i] = j == 0 ? x : s.policy == GqaPolicy::KvSum ? entry[i] + x : std::max(entry[i], x);
-                }
-            }
-            // The selection: the top K - 1 places of those entries as page ids, then the last page.
-            const std::vector<float> e(entry.begin(), entry.end());
-            std::vector<int> want;
-            for (int i : top_k_ref(e, K - 1)) want.push_back(list[i]);
-            want.push_back(last);
-            ++rows_checked;
-            if (got == want) continue;
-            ASSERT_FALSE(values) << "row " << r << ": rows of one head select exactly";
-            std::vector<int> swapped;
-            std::set_symmetric_difference(got.begin(), got.end(), want.begin(), want.end(), std::back_inserter(swapped));
-            double lo = INFINITY, hi = -INFINITY;
-            for (int p : swapped) {
-                const int i = static_cast<int>(std::find(list, list + L, p) - list);
-                ASSERT_LT(i, L) << "row " << r << ": page " << p << " is not in the shortlist";
-                lo = std::min(lo, entry[i]);
-                hi = std::max(hi, entry[i]);
-            }
-            EXPECT_LE(hi - lo, 1e-9 + 1e-4 * std::fabs(hi)) << "row " << r << ": " << swapped.size() << " pages swapped";
-            ++near_ties;
-        }
-        for (const __half& h : out.download()) ASSERT_TRUE(std::isfinite(__half2float(h)));
-    }
-    std::printf("[sparq-rerank] %d of %d rows re-ranked a shortlist; %d differ from the shares here at a near-tie; "
-                "%d of %d rows differ from select_blocks_ref\n",
-                reranked, whole_rows, near_ties, whole_differs, whole_rows);
-    EXPECT_GT(reranked, whole_rows / 2) << "the shapes must exercise the shortlist";
-    EXPECT_LT(reranked, whole_rows) << "the shapes must exercise the step without a shortlist";
-    EXPECT_LE(near_ties * 10, rows_checked) << "near-ties must stay rare";
-    EXPECT_LE(whole_differs * 10, whole_rows) << "differences from the CPU reference must stay rare";
-}
-
 // The token's RoPE + append folded into the scoring launch against rope_append_kv then the unfolded launch: the
 // same q, K, V, page bounds, sketch, selection and attention output, bit for bit.
 TEST(SparqCuda, RopeAppendInScoringMatchesSeparateLaunch) {
@@ -535,14 +424,13 @@ TEST(SparqCuda, TrainedModelFollowsCpu) {
     const PasskeyPrompt p = make_passkey_prompt(tok, 1024, 0.5, 12345);
     const int gen = 6;
     const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + gen + 8;
-    for (int variant : {0, 1, 2})  // sparq, sparq+m, sparq-rerank
+    for (bool match : {false, true})
     for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
-        const bool match = variant == 1;
         QuestSettings q;
         q.page_size = 16;
         q.budget = 64;
         q.gqa_policy = pol;
-        q.selector = variant == 2 ? PageSelector::SparqRerank : PageSelector::Sparq;
+        q.selector = PageSelector::Sparq;
         q.match_bytes = match;
         SCOPED_TRACE(q.describe());
         CpuLlama cpu(w, q, cap);
@@ -580,10 +468,9 @@ TEST(SparqCuda, TrainedModelFollowsCpu) {
         };
         const test::FollowCpu f = test::follow_cpu(cpu, *gpu, *gpu_quest, p.question, gen, 5e-2, agree);
         EXPECT_EQ(f.gpu_tokens, f.cpu_tokens) << "cpu: " << tok.decode(f.cpu_tokens) << " | gpu: " << tok.decode(f.gpu_tokens);
-        std::printf("[%s%s %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g); "
+        std::printf("[sparq%s %s] key %d: cpu \"%s\" gpu \"%s\"; worst logits rel_err %.3g (vs gpu quest %.3g); "
                     "selections parted in %d of %d steps, %d of %d head rows\n",
-                    std::string(page_selector_name(q.selector)).c_str(), match ? "+m" : "",
-                    std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(f.cpu_tokens).c_str(),
+                    match ? "+m" : "", std::string(gqa_policy_name(pol)).c_str(), p.key, tok.decode(f.cpu_tokens).c_str(),
                     tok.decode(f.gpu_tokens).c_str(), f.worst, f.vs_other, f.parted, f.steps, rows_parted, rows);
         EXPECT_LE(rows_parted * 10, rows) << "selections parted in more than 10% of the head rows";
         EXPECT_LE(f.parted * 2, f.steps) << "selections parted in more than half of the steps";
