@@ -74,7 +74,7 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float (&f)[4]) {
 
 template <int D, int GT>
 __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8_t* __restrict__ k8,
-                                            const KvLayerView& kv, int num_heads, int len, float scale,
+                                            const KvLayerView& kv, int num_heads, int len, int f, float scale,
                                             const float* s_qf, float* s_w, int* s_ch, int* s_warp, float (*s_q)[D / 8]) {
     constexpr int RMAX = D / 8;
     const int capacity = kv.capacity, page_size = kv.page_size;
@@ -111,8 +111,9 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
         s_ch[pos] = tid;
     }
     // Thread tid covers tokens t0 + s * kThreads * kTok + tid * kTok (+0..3) for s < kSub: each load of a warp reads
-    // 128 contiguous bytes of one channel's row.
-    const int t0 = static_cast<int>(blockIdx.x) * kThreads * kTok * kSub;
+    // 128 contiguous bytes of one channel's row. The candidates start at page f (a sliding window's first page, else
+    // 0); page f + i is entry i of the head's row.
+    const int t0 = f * page_size + static_cast<int>(blockIdx.x) * kThreads * kTok * kSub;
     const int TP = page_size / kTok;  // threads per page (4..32)
     const bool first = (tid % TP) == 0;
     const uint8_t* base = k8 + static_cast<size_t>(kvh) * D * capacity + t0 + tid * kTok;
@@ -166,7 +167,7 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
         for (int sb = 0; sb < kSub; ++sb) {
             const int t = t0 + sb * kThreads * kTok + tid * kTok;
             const bool live = t < complete_tokens;  // tokens of complete pages only (the last page is never scored)
-            const int p = t / page_size;
+            const int p = t / page_size - f;
 #pragma unroll
             for (int g = 0; g < GT; ++g) {
                 float m = fmaxf(fmaxf(acc[sb][g][0], acc[sb][g][1]), fmaxf(acc[sb][g][2], acc[sb][g][3]));
@@ -214,10 +215,12 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restric
         }
     }
     const int P = (len + page_size - 1) / page_size;
-    const bool scoring = P > page_budget && P <= kv.max_pages &&  // a selecting step inside the cache, and this
-                         static_cast<int>(blockIdx.x) * kThreads * kTok * kSub < (P - 1) * page_size;  // candidates
+    const int f = window_start_of(len, kv.window) / page_size;  // the window's first page (0 without one)
+    const bool scoring = P - f > page_budget && P <= kv.max_pages &&  // a selecting step inside the cache, and this
+                         (f + static_cast<int>(blockIdx.x) * kSub * kTok * kThreads / page_size) < P - 1;  // candidates
     if (scoring && blockIdx.x == 0)  // the last page is no candidate: no share of the normalisation
-        for (int g = tid; g < G; g += kThreads) lse[static_cast<size_t>(kvh * G + g) * kv.max_pages + (P - 1)] = -INFINITY;
+        for (int g = tid; g < G; g += kThreads)
+            lse[static_cast<size_t>(kvh * G + g) * kv.max_pages + (P - 1 - f)] = -INFINITY;
     if (scoring) {  // block-uniform
         for (int i = tid; i < G * D / 2; i += kThreads) {  // the group's q
             const int g = i / (D / 2), j = i % (D / 2);
@@ -238,7 +241,7 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(float* __restric
             s_qf[g * D + j + D / 2] = q1;
         }
         __syncthreads();
-        score_block<D, GT>(lse, k8, kv, num_heads, len, scale, s_qf, s_w, s_ch, s_warp, s_q);
+        score_block<D, GT>(lse, k8, kv, num_heads, len, f, scale, s_qf, s_w, s_ch, s_warp, s_q);
     }
     if (rope_on) {  // the token's RoPE + append, spread over the grid, after the scores
         const rope_dev::Token tk{ra.q_out, kv, ra.qkv, len - 1, 1, num_heads};
@@ -267,7 +270,8 @@ void require_view(const KeySketchView& sk, const KvLayerView& kv) {
                   "the sketch's shape must be the KV cache's");
     QUEST_REQUIRE(is_aligned(sk.k8, 16) && sk.capacity % 16 == 0,
                   "the sketch must be 16-byte aligned with a capacity multiple of 16");
-    require_sparq_supported(kv.head_dim, kv.page_size, kv.window < kv.capacity ? kv.window : 0);
+    require_sparq_supported(kv.head_dim, kv.page_size);
+    QUEST_REQUIRE(kv.window >= 0, "window must be >= 0");
 }
 
 }  // namespace
@@ -283,7 +287,7 @@ size_t key_sketch_bytes(int num_kv_heads, int head_dim, int capacity) {
     return static_cast<size_t>(num_kv_heads) * static_cast<size_t>(head_dim) * static_cast<size_t>(capacity);
 }
 
-void require_sparq_supported(int head_dim, int page_size, int window) {
+void require_sparq_supported(int head_dim, int page_size) {
     if (head_dim < 16 || head_dim > 256 || (head_dim & (head_dim - 1)) != 0)
         throw std::invalid_argument("sparq on the GPU needs head_dim a power of two in [16, 256], got " +
                                     std::to_string(head_dim));
@@ -292,9 +296,6 @@ void require_sparq_supported(int head_dim, int page_size, int window) {
         throw std::invalid_argument("sparq on the GPU needs a page size that is a power of two in [16, 128] and at "
                                     "most 2 x head_dim, got " + std::to_string(page_size) + " (head_dim " +
                                     std::to_string(head_dim) + ")");
-    if (window != 0)
-        throw std::invalid_argument("sparq on the GPU does not run sliding-window layers (window " +
-                                    std::to_string(window) + "); use --selector quest");
 }
 
 void sparq_sketch_write(const KeySketchView& sk, const KvLayerView& kv, int t0, int t1, cudaStream_t stream) {

@@ -33,8 +33,9 @@ struct KeySketchView {
 size_t key_sketch_bytes(int num_kv_heads, int head_dim, int capacity);
 
 // Throws std::invalid_argument naming what the GPU sparq needs and the value it got (head_dim a power of two in
-// [16, 256], page size a power of two in [16, 128] and at most 2 x head_dim, no sliding window).
-void require_sparq_supported(int head_dim, int page_size, int window);
+// [16, 256], page size a power of two in [16, 128] and at most 2 x head_dim). A sliding window (kv.window) is
+// honoured as Quest's kernels do: the candidates are the complete pages from the window's first one on.
+void require_sparq_supported(int head_dim, int page_size);
 
 // The sketch of tokens [t0, t1) of every KV head from kv.k (after a prefill chunk's rope_append_kv). Host-side range:
 // not for graph capture (the decode step writes its token inside sparq_page_scores).

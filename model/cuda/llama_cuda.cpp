@@ -65,8 +65,7 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
                          "with --metadata int8|int4 or --match-bytes");
     if (uses_key_sketch(quest_)) {
         try {
-            for (int l = quest_.dense_layers; l < c.num_layers; ++l)
-                require_sparq_supported(c.head_dim, quest_.page_size, c.attention_window(l) < capacity ? c.attention_window(l) : 0);
+            require_sparq_supported(c.head_dim, quest_.page_size);
         } catch (const std::invalid_argument& e) {
             throw InputError(std::string("selector 'sparq': ") + e.what());
         }

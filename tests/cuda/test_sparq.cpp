@@ -1,6 +1,7 @@
 // The sparq selector on the GPU (kernels/select/sparq.cuh) against its CPU reference (kernels/select/sparq.h): the
-// fp8 sketch against e4m3 rounding decoded here, the page scores bit for bit, the selection page for page, and the
-// CUDA backend with --selector sparq against the CPU backend on the trained demo model.
+// fp8 sketch against e4m3 rounding decoded here, the page scores bit for bit, the selection page for page (with and
+// without a sliding window), and the CUDA backend with --selector sparq against the CPU backend on the trained demo
+// model.
 //
 // Inputs: seeded random fp16 q and keys (N(0,1) plus a per-page offset along a per-KV-head direction, some keys
 // scaled past e4m3's 448 to test saturation), rounded before the CPU sees them. Outputs poisoned (0xFF: NaN floats
@@ -46,12 +47,14 @@ using test::to_half;
 struct Shape {
     int num_heads, num_kv_heads, head_dim, page_size, len, page_budget;
     GqaPolicy policy = GqaPolicy::KvSum;
+    int window = 0;  // a sliding window of this many tokens (KvLayerView::window), 0: none
 };
 
 std::string describe(const Shape& s) {
     char buf[200];
-    std::snprintf(buf, sizeof buf, "H=%d Hkv=%d D=%d S=%d len=%d K=%d %s", s.num_heads, s.num_kv_heads, s.head_dim,
-                  s.page_size, s.len, s.page_budget, std::string(gqa_policy_name(s.policy)).c_str());
+    std::snprintf(buf, sizeof buf, "H=%d Hkv=%d D=%d S=%d len=%d K=%d %s window=%d", s.num_heads, s.num_kv_heads,
+                  s.head_dim, s.page_size, s.len, s.page_budget, std::string(gqa_policy_name(s.policy)).c_str(),
+                  s.window);
     return buf;
 }
 
@@ -122,6 +125,26 @@ QuestSelectArgs reference_args(const Shape& s, const Input& in) {
     a.keys = in.c.k.data();
     a.key_capacity = in.c.cap;
     a.scale = 1.0f / std::sqrt(static_cast<float>(s.head_dim));
+    a.window_start = window_start_of(s.len, s.window);
+    return a;
+}
+
+// The cache as the GPU sees it: the shape's sliding window on the layer view.
+KvLayerView view_of(const Shape& s, const Input& in) {
+    KvLayerView v = in.c.view();
+    v.window = s.window;
+    return v;
+}
+
+// The window's first page f (0 without a window) and the reference arguments renumbered from it, as
+// select_blocks_ref hands them to the selector: the candidates are pages f .. P - 2, entry i of a row is page f + i.
+int first_page(const Shape& s) { return window_start_of(s.len, s.window) / s.page_size; }
+QuestSelectArgs window_args(const Shape& s, const Input& in) {
+    QuestSelectArgs a = reference_args(s, in);
+    const int skip = first_page(s) * s.page_size;
+    a.len -= skip;
+    a.window_start -= skip;
+    a.keys += static_cast<int64_t>(skip) * s.head_dim;
     return a;
 }
 
@@ -138,6 +161,11 @@ const std::vector<Shape> kShapes = {
     {16, 2, 256, 64, 1500, 4, GqaPolicy::KvSum},   {8, 1, 16, 16, 777, 4, GqaPolicy::KvMax},
     {56, 8, 128, 16, 5000, 32, GqaPolicy::KvSum},  {4, 4, 32, 16, 530, 2, GqaPolicy::PerHead},
     {32, 32, 128, 16, 4100, 16, GqaPolicy::KvSum},  // the 7B shape: rows of one head rank v (no shares launch)
+    // Sliding windows: the window's first page inside a scoring block and at the start of one (page 256 = token
+    // 4096), a window of fewer pages than the budget (a dense step inside the window), rows of one head, per-head.
+    {8, 2, 64, 16, 1000, 8, GqaPolicy::KvSum, 300},     {9, 3, 64, 16, 2047, 4, GqaPolicy::KvMax, 100},
+    {12, 3, 64, 32, 3001, 8, GqaPolicy::PerHead, 1000}, {32, 32, 128, 16, 4100, 16, GqaPolicy::KvSum, 2049},
+    {56, 8, 128, 16, 5000, 32, GqaPolicy::KvSum, 5000 - 4096},  {8, 2, 64, 16, 1000, 8, GqaPolicy::KvSum, 100},
 };
 
 int capacity_for(const Shape& s) { return ((s.len + 40 + s.page_size - 1) / s.page_size) * s.page_size; }
@@ -168,11 +196,13 @@ TEST(SparqCuda, SketchIsTheKeysInE4m3) {
     }
 }
 
-// The reference page values of every head: scale * sparq_page_scores_ref (fp32), -inf at the last page.
+// The reference page values of every head: scale * sparq_page_scores_ref (fp32) of the window's pages (every page
+// without one), -inf at the last page; nothing at a dense step.
 std::vector<float> reference_lse(const Shape& s, const Input& in) {
-    const QuestSelectArgs a = reference_args(s, in);
-    const int G = s.num_heads / s.num_kv_heads, P = (s.len + s.page_size - 1) / s.page_size, mp = in.c.max_pages;
+    const QuestSelectArgs a = window_args(s, in);
+    const int G = s.num_heads / s.num_kv_heads, P = (a.len + s.page_size - 1) / s.page_size, mp = in.c.max_pages;
     std::vector<float> out(static_cast<size_t>(s.num_heads) * mp, NAN);
+    if (P <= s.page_budget) return out;
     for (int kvh = 0; kvh < s.num_kv_heads; ++kvh) {
         const std::vector<int> ch = sparq_channels_ref(a, kvh);
         for (int g = 0; g < G; ++g) {
@@ -184,10 +214,11 @@ std::vector<float> reference_lse(const Shape& s, const Input& in) {
     return out;
 }
 
-// The reference row scores (the heads' shares aggregated by the policy), for the near-tie rule.
+// The reference row scores (the heads' shares aggregated by the policy) of the window's pages (entry i: page
+// first_page(s) + i), for the near-tie rule.
 std::vector<float> reference_row(const Shape& s, const Input& in, int r) {
-    const QuestSelectArgs a = reference_args(s, in);
-    const int G = s.num_heads / s.num_kv_heads, P = (s.len + s.page_size - 1) / s.page_size;
+    const QuestSelectArgs a = window_args(s, in);
+    const int G = s.num_heads / s.num_kv_heads, P = (a.len + s.page_size - 1) / s.page_size;
     const bool per_head = s.policy == GqaPolicy::PerHead;
     const int kvh = per_head ? r / G : r;
     const std::vector<int> ch = sparq_channels_ref(a, kvh);
@@ -220,18 +251,18 @@ TEST(SparqCuda, ScoresAreTheReferenceBits) {
         lse.fill_bytes(0xFF);
         sparq_sketch_write(in.sketch(), in.c.view(), 0, s.len - 1, nullptr);  // the step writes token len - 1
         const DeviceBuffer<int> pos = position(s.len);
-        sparq_page_lse(lse.get(), in.sketch(), in.dq.get(), in.c.view(), pos.get(), s.num_heads, s.page_budget,
+        sparq_page_lse(lse.get(), in.sketch(), in.dq.get(), view_of(s, in), pos.get(), s.num_heads, s.page_budget,
                        1.0f / std::sqrt(static_cast<float>(s.head_dim)), nullptr);
         const std::vector<float> got = lse.download(), want = reference_lse(s, in);
-        const int P = (s.len + s.page_size - 1) / s.page_size;
+        const int P = (s.len + s.page_size - 1) / s.page_size - first_page(s);  // the window's pages
         for (int h = 0; h < s.num_heads; ++h)
             for (int p = 0; p < in.c.max_pages; ++p) {
                 const float g = got[static_cast<size_t>(h) * in.c.max_pages + p];
-                if (p >= P) {
-                    ASSERT_TRUE(std::isnan(g)) << "head " << h << " page " << p << ": written beyond the pages";
+                const float w = want[static_cast<size_t>(h) * in.c.max_pages + p];
+                if (p >= P || std::isnan(w)) {  // beyond the window's pages, or a dense step
+                    ASSERT_TRUE(std::isnan(g)) << "head " << h << " entry " << p << ": written, " << g;
                     continue;
                 }
-                const float w = want[static_cast<size_t>(h) * in.c.max_pages + p];
                 ASSERT_EQ(std::memcmp(&g, &w, sizeof g), 0) << "head " << h << " page " << p << ": " << g << " vs " << w;
             }
         // The step wrote its token's sketch.
@@ -284,7 +315,7 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
         DeviceBuffer<__half> out(static_cast<size_t>(s.num_heads) * s.head_dim);
         DeviceBuffer<float> lse(sparq_workspace_floats(s.num_heads, in.c.max_pages));
         lse.fill_bytes(0xFF);
-        sparq_decode(out.get(), in.sketch(), lse.get(), in.dq.get(), in.c.view(), pos.get(), s.num_heads,
+        sparq_decode(out.get(), in.sketch(), lse.get(), in.dq.get(), view_of(s, in), pos.get(), s.num_heads,
                      s.page_budget, s.policy, 1.0f / std::sqrt(static_cast<float>(s.head_dim)), match, ws.ws(),
                      nullptr);
         QuestSelectArgs ra = reference_args(s, in);
@@ -310,16 +341,17 @@ TEST(SparqCuda, DecodeSelectsTheReferencePages) {
             const std::vector<float> score = reference_row(s, in, r);
             float lo = INFINITY, hi = -INFINITY;
             for (int p : swapped) {
-                ASSERT_LT(p, static_cast<int>(score.size())) << "row " << r;
-                lo = std::min(lo, score[p]);
-                hi = std::max(hi, score[p]);
+                const int e = p - first_page(s);  // the row's entry of page p
+                ASSERT_TRUE(e >= 0 && e < static_cast<int>(score.size())) << "row " << r << " page " << p;
+                lo = std::min(lo, score[e]);
+                hi = std::max(hi, score[e]);
             }
             EXPECT_LE(hi - lo, 1e-9f + 1e-4f * std::fabs(hi)) << "row " << r << ": " << swapped.size() << " pages swapped";
             ++near_ties;
         }
         // Bytes-matched: more pages than K where the sketch's bytes leave room (half of Quest's metadata at S = 16);
         // else K.
-        const int P = (s.len + s.page_size - 1) / s.page_size;
+        const int P = (s.len + s.page_size - 1) / s.page_size - first_page(s);  // the window's pages
         if (matched && s.page_size == 16 && P > 4 * s.page_budget) {
             EXPECT_GT(static_cast<int>(ref.blocks[0].size()), s.page_budget);
         }
@@ -403,11 +435,10 @@ TEST(SparqCuda, RopeAppendInScoringMatchesSeparateLaunch) {
 
 TEST(SparqCuda, RefusesWhatItCannotRun) {
     QUEST_REQUIRE_GPU();
-    EXPECT_THROW(require_sparq_supported(64, 8, 0), std::invalid_argument);
-    EXPECT_THROW(require_sparq_supported(64, 256, 0), std::invalid_argument);  // head_dim < page size / 2
-    EXPECT_THROW(require_sparq_supported(8, 16, 0), std::invalid_argument);
-    EXPECT_THROW(require_sparq_supported(64, 16, 512), std::invalid_argument);
-    EXPECT_NO_THROW(require_sparq_supported(128, 16, 0));
+    EXPECT_THROW(require_sparq_supported(64, 8), std::invalid_argument);
+    EXPECT_THROW(require_sparq_supported(64, 256), std::invalid_argument);  // head_dim < page size / 2
+    EXPECT_THROW(require_sparq_supported(8, 16), std::invalid_argument);
+    EXPECT_NO_THROW(require_sparq_supported(128, 16));
     const auto demo = test::trained_demo(test::source_dir() / "models/demo");
     if (!demo) GTEST_SKIP() << "SKIPPED: models/demo is absent";
     QuestSettings q;
