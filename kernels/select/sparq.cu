@@ -42,19 +42,19 @@ __global__ void sketch_write_kernel(uint8_t* __restrict__ k8, const __half* __re
 
 // ---------------------------------------------------------------------------------------------------------------------
 // Decode scoring. Block = kThreads threads of one KV head, thread x = kTok consecutive tokens (kThreads * kTok tokens
-// per block; a warp reads 128 contiguous bytes of a channel's row per load). After the wait the block holds its
+// per block; a warp reads 512 contiguous bytes of a channel's row per 16-byte load). After the wait the block holds its
 // group's q in shared memory (read from q, or with the RoPE folded in rotated from qkv exactly as rope_append_kv
 // rotates it) and picks the r channels (sparq_rule.h: a_i = sum_g |q_g,i| in head order, the r largest, ties to the
-// lower channel, ascending); each thread then streams its 4 bytes of the r rows (up to 16 loads in flight) and keeps
+// lower channel, ascending); each thread then streams its 16 bytes of the r rows (up to 8 loads in flight) and keeps
 // kTok token logits per head of the batch (GT heads; larger groups in batches). A page of S tokens takes the max over
-// its S / kTok threads (xor shuffles inside a warp), and the page's first thread aggregates the row score.
+// its S / kTok threads (xor shuffles inside a warp; none at S = 16), and the page's first thread writes its value.
 // With the RoPE folded in (ra.qkv): block 0 of each KV head writes the token's sketch from its own rotation of the
 // key (the same expressions), and after its scores the grid does rope_append_kv's work for the token (q_out, its k
 // and v, the current page's bounds; rope_dev items spread over every thread), which no block of it reads.
 // ---------------------------------------------------------------------------------------------------------------------
 constexpr int kThreads = 256;
-constexpr int kTok = 4;  // tokens per load (4 bytes of a channel's row)
-constexpr int kSub = 4;  // loads per channel and thread: a block covers kThreads * kTok * kSub = 4096 tokens
+constexpr int kTok = 16;  // tokens per load (16 bytes of a channel's row: one page of 16, or a part of a larger one)
+constexpr int kSub = 1;   // loads per channel and thread: a block covers kThreads * kTok * kSub = 4096 tokens
 
 struct SparqRope {
     const float* qkv = nullptr;  // [q_dim | kv_dim | kv_dim] fp32, or null: q is read, the append was done before
@@ -70,6 +70,17 @@ __device__ __forceinline__ void e4m3x4_to_float(uint32_t w, float (&f)[4]) {
     f[1] = a.y;
     f[2] = b.x;
     f[3] = b.y;
+}
+
+__device__ __forceinline__ void e4m3x16_to_float(const uint4& w, float (&f)[16]) {
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        float q[4];
+        e4m3x4_to_float(words[i], q);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) f[4 * i + j] = q[j];
+    }
 }
 
 template <int D, int GT>
@@ -110,11 +121,11 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
         for (int w = 0; w < warp; ++w) pos += s_warp[w];
         s_ch[pos] = tid;
     }
-    // Thread tid covers tokens t0 + s * kThreads * kTok + tid * kTok (+0..3) for s < kSub: each load of a warp reads
-    // 128 contiguous bytes of one channel's row. The candidates start at page f (a sliding window's first page, else
+    // Thread tid covers tokens t0 + s * kThreads * kTok + tid * kTok (+0..15) for s < kSub: each load of a warp reads
+    // 512 contiguous bytes of one channel's row (16-byte aligned: t0 is a multiple of S >= 16, capacity of 16). The candidates start at page f (a sliding window's first page, else
     // 0); page f + i is entry i of the head's row.
     const int t0 = f * page_size + static_cast<int>(blockIdx.x) * kThreads * kTok * kSub;
-    const int TP = page_size / kTok;  // threads per page (4..32)
+    const int TP = page_size / kTok;  // threads per page (1..8)
     const bool first = (tid % TP) == 0;
     const uint8_t* base = k8 + static_cast<size_t>(kvh) * D * capacity + t0 + tid * kTok;
     constexpr int U = RMAX < 8 ? RMAX : 8;  // channels per batch of loads (kSub loads each)
@@ -136,16 +147,16 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
 #pragma unroll 1
         for (int j0 = 0; j0 < R; j0 += U) {  // R is RMAX / 2^k: a multiple of U, or below it
             const int nu = min(U, R - j0);
-            uint32_t raw[U][kSub];
+            uint4 raw[U][kSub];
 #pragma unroll
             for (int u = 0; u < U; ++u)
 #pragma unroll
                 for (int sb = 0; sb < kSub; ++sb) {
                     const int t = t0 + sb * kThreads * kTok + tid * kTok;
                     raw[u][sb] = u < nu && t < complete_tokens
-                                     ? *reinterpret_cast<const uint32_t*>(base + static_cast<size_t>(s_ch[j0 + u]) * capacity +
-                                                                          sb * kThreads * kTok)
-                                     : 0u;
+                                     ? *reinterpret_cast<const uint4*>(base + static_cast<size_t>(s_ch[j0 + u]) * capacity +
+                                                                       sb * kThreads * kTok)
+                                     : make_uint4(0u, 0u, 0u, 0u);
                 }
 #pragma unroll
             for (int u = 0; u < U; ++u) {
@@ -153,7 +164,7 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
 #pragma unroll
                 for (int sb = 0; sb < kSub; ++sb) {
                     float kf[kTok];
-                    e4m3x4_to_float(raw[u][sb], kf);
+                    e4m3x16_to_float(raw[u][sb], kf);
 #pragma unroll
                     for (int g = 0; g < GT; ++g) {
                         const float qv = s_q[g][j0 + u];
@@ -170,7 +181,9 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
             const int p = t / page_size - f;
 #pragma unroll
             for (int g = 0; g < GT; ++g) {
-                float m = fmaxf(fmaxf(acc[sb][g][0], acc[sb][g][1]), fmaxf(acc[sb][g][2], acc[sb][g][3]));
+                float m = acc[sb][g][0];
+#pragma unroll
+                for (int e = 1; e < kTok; ++e) m = fmaxf(m, acc[sb][g][e]);
                 for (int o = 1; o < TP; o <<= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
                 if (g < ng && live && first) lse[static_cast<size_t>(kvh * G + gb + g) * kv.max_pages + p] = scale * m;
             }
