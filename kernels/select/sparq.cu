@@ -122,8 +122,8 @@ __device__ __forceinline__ void score_block(float* __restrict__ lse, const uint8
         s_ch[pos] = tid;
     }
     // Thread tid covers tokens t0 + s * kThreads * kTok + tid * kTok (+0..15) for s < kSub: each load of a warp reads
-    // 512 contiguous bytes of one channel's row (16-byte aligned: t0 is a multiple of S >= 16, capacity of 16). The candidates start at page f (a sliding window's first page, else
-    // 0); page f + i is entry i of the head's row.
+    // 512 contiguous bytes of one channel's row (16-byte aligned: t0 is a multiple of S >= 16, capacity of 16). The
+    // candidates start at page f (a sliding window's first page, else 0); page f + i is entry i of the head's row.
     const int t0 = f * page_size + static_cast<int>(blockIdx.x) * kThreads * kTok * kSub;
     const int TP = page_size / kTok;  // threads per page (1..8)
     const bool first = (tid % TP) == 0;
