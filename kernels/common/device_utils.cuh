@@ -1,6 +1,7 @@
 #pragma once
 // Device-side helpers shared by the kernel files (nvcc only): warp reductions, streaming loads, cp.async, and the
 // row-sum epilogue of the batch-1 GEMV kernels (FP16 and int4).
+#include <cmath>
 #include <cstdint>
 
 #include <cuda_fp16.h>
@@ -57,6 +58,23 @@ __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
+}
+
+// Folds the log-sum-exp state (mo, so) = (max, sum of exp(x - max)) into (m, s). Either side may be empty (-inf, 0).
+__device__ __forceinline__ void lse_merge(float& m, float& s, float mo, float so) {
+    const float mn = fmaxf(m, mo);
+    if (mn == -INFINITY) return;  // both empty
+    s = s * expf(m - mn) + so * expf(mo - mn);  // expf(-inf) = 0 for an empty side
+    m = mn;
+}
+
+// lse_merge of the states of the warp's 32 lanes (xor shuffles: every lane gets the same result).
+__device__ __forceinline__ void warp_lse_merge(float& m, float& s) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float mo = __shfl_xor_sync(0xffffffffu, m, o), so = __shfl_xor_sync(0xffffffffu, s, o);
+        lse_merge(m, s, mo, so);
+    }
 }
 
 // Streaming 16-byte load of weights: read once per step, so keep them out of L1.

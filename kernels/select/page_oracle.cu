@@ -23,14 +23,6 @@ __device__ __forceinline__ float oracle_warp_max(float v) {
     return v;
 }
 
-// Folds the (max, sum of exp(x - max)) state (mo, so) into (m, s). Either side may be empty (-inf, 0).
-__device__ __forceinline__ void lse_merge(float& m, float& s, float mo, float so) {
-    const float mn = fmaxf(m, mo);
-    if (mn == -INFINITY) return;  // both empty
-    s = s * expf(m - mn) + so * expf(mo - mn);  // expf(-inf) = 0 for an empty side
-    m = mn;
-}
-
 // ---------------------------------------------------------------------------------------------------------------------
 // 1. Page log-sum-exps
 //

@@ -201,9 +201,9 @@ KeySketchView CudaLlama::sketch_view(int layer) const {
     KeySketchView v;
     v.num_kv_heads = c_.num_kv_heads;
     v.head_dim = c_.head_dim;
-    v.capacity = max_pages_ * quest_.page_size;
+    v.capacity = sparq_sketch_capacity(capacity_);
     if (sketch_.size() == 0 || !quest_.quest_layer(layer)) return v;
-    v.k8 = sketch_.get() + static_cast<size_t>(layer - quest_.dense_layers) * key_sketch_bytes(v.num_kv_heads, v.head_dim, v.capacity);
+    v.k8 = sketch_.get() + static_cast<size_t>(layer - quest_.dense_layers) * key_sketch_bytes(v.num_kv_heads, v.head_dim, capacity_);
     return v;
 }
 

@@ -536,19 +536,25 @@ void bench_quest_codes() {
 }
 
 
-// One Quest layer of the Llama-2-7B shape (32 heads, 32 KV heads, D = 128, S = 16, kv-sum, B = 2048) with the sparq
-// selector (K pages, and bytes-matched: sparq+m) against fp16 Quest, at 4K and 32K tokens: whole layers captured 16
-// to a graph (per layer, PDL between the launches as in the step), alternated in two rounds; then the selection
-// stages cumulatively in graphs (Quest: scores; + top-k. sparq: scores; + shares; + top-k), then sparq's launches
-// alone. Bytes per layer: Quest metadata + its 128 pages' K and V; sparq the r = 16 chosen sketch rows of every
-// complete page + the current token's sketch + its pages' K and V. KV, metadata and sketches rotate over 3 copies
-// (> the 60 MB L2). No RoPE folded in on either side (the step folds it in both).
+// One Quest layer of the Llama-2-7B shape (32 heads, 32 KV heads, D = 128, S = 16, kv-sum, B = 2048) and of the
+// Llama-3.1-8B shape (32 heads on 8 KV heads) with the sparq selector (K pages, and bytes-matched: sparq+m) against
+// fp16 Quest, at 4K, 32K and (8B) 128K tokens: whole layers captured 16 to a graph (per layer, PDL between the
+// launches as in the step), alternated in two rounds; then the selection stages cumulatively in graphs (Quest:
+// scores; + top-k. sparq: scores; + shares where a row has several heads; + top-k), then sparq's launches alone.
+// Bytes per layer: Quest metadata + its 128 pages' K and V; sparq the r = 16 chosen sketch rows of every complete
+// page + the current token's sketch + its pages' K and V. KV, metadata and sketches rotate over 3 copies (> the
+// 60 MB L2). No RoPE folded in on either side (the step folds it in both).
 void bench_sparq() {
-    const int NH = 32, NKV = 32, D = 128, S = 16, B = 2048, K = B / S, kLayers = 16, copies = 3;
+    struct Shape {
+        int NKV, L;
+    };
+    const int NH = 32, D = 128, S = 16, B = 2048, K = B / S, kLayers = 16, copies = 3;
     const GqaPolicy pol = GqaPolicy::KvSum;
     cudaStream_t cap_stream;
     CUDA_CHECK(cudaStreamCreateWithFlags(&cap_stream, cudaStreamNonBlocking));
-    for (int L : {4096, 32768}) {
+    for (const Shape row : {Shape{32, 4096}, Shape{32, 32768}, Shape{8, 32768}, Shape{8, 131072}}) {
+        const int NKV = row.NKV, L = row.L;
+        const bool shares = NH > NKV;
         const int pages = L / S;
         const size_t kv_elems = size_t(NKV) * L * D, meta_elems = size_t(NKV) * pages * D;
         DeviceBuffer<__half> k(kv_elems * copies), v(kv_elems * copies), kmin(meta_elems * copies),
@@ -592,16 +598,17 @@ void bench_sparq() {
         const double sparq_bytes = sketch_bytes + 2.0 * NKV * double(std::min(B, L)) * D * 2;
         const double sparq_m_bytes = sketch_bytes + 2.0 * NKV * double(n1) * S * D * 2;
         auto graph_ms = [&](const LayerBody& body) { return graph_ms_per_layer(cap_stream, kLayers, body); };
-        const std::string tag = "L=" + std::to_string(L) + " B=" + std::to_string(B);
+        const std::string tag = "Hkv=" + std::to_string(NKV) + " L=" + std::to_string(L) + " B=" + std::to_string(B);
         const int rows = quest_selection_rows(NH, NKV, pol);
         auto sp_scores = [&](int l, cudaStream_t st) {
             sparq_page_lse(lse.get(), sks[l % copies], q.get(), views[l % copies], pos.get(), NH, K, 0.088f, st);
         };
         auto sp_rows = [&](cudaStream_t st) {
-            oracle_row_scores(w1.scores, nullptr, lse.get(), pos.get(), NH, NKV, pages, S, K, pol, st);
+            if (shares) sparq_row_shares(w1.scores, lse.get(), pos.get(), NH, NKV, pages, S, K, pol, st);
         };
+        const float* sp_ranked = shares ? w1.scores : lse.get();
         const int stride = quest_select_capacity(pages, S, K, m);
-        auto sp_topk = [&](cudaStream_t st) { quest_top_k(w1.selected, w1.scores, pages, pos.get(), rows, S, K, st, m, stride); };
+        auto sp_topk = [&](cudaStream_t st) { quest_top_k(w1.selected, sp_ranked, pages, pos.get(), rows, S, K, st, m, stride); };
         for (int round = 0; round < 2; ++round) {
             report("quest " + tag + " graph x16, per layer", graph_ms([&](int l, cudaStream_t st) {
                        quest_decode(out.get(), q.get(), views[l % copies], pos.get(), NH, K, pol, 0.088f, w0, st);
@@ -625,17 +632,19 @@ void bench_sparq() {
                    quest_top_k(w0.selected, w0.scores, pages, pos.get(), rows, S, K, st);
                }), 2.0 * meta_elems * 2);
         report("  sparq " + tag + " graph x16: scores", graph_ms(sp_scores), sketch_bytes);
-        report("  sparq " + tag + " graph x16: scores + shares", graph_ms([&](int l, cudaStream_t st) {
-                   sp_scores(l, st);
-                   sp_rows(st);
-               }), sketch_bytes);
-        report("  sparq " + tag + " graph x16: scores + shares + top-k", graph_ms([&](int l, cudaStream_t st) {
+        if (shares)
+            report("  sparq " + tag + " graph x16: scores + shares", graph_ms([&](int l, cudaStream_t st) {
+                       sp_scores(l, st);
+                       sp_rows(st);
+                   }), sketch_bytes);
+        report("  sparq " + tag + " graph x16: scores" + (shares ? " + shares" : "") + " + top-k",
+               graph_ms([&](int l, cudaStream_t st) {
                    sp_scores(l, st);
                    sp_rows(st);
                    sp_topk(st);
                }), sketch_bytes);
         report("  sparq " + tag + " scores alone", time_ms([&](int i) { sp_scores(i, nullptr); }), sketch_bytes);
-        report("  sparq " + tag + " shares alone", time_ms([&](int) { sp_rows(nullptr); }), 4.0 * NH * pages * 2);
+        if (shares) report("  sparq " + tag + " shares alone", time_ms([&](int) { sp_rows(nullptr); }), 4.0 * NH * pages * 2);
         report("  sparq " + tag + " top-k alone", time_ms([&](int) { sp_topk(nullptr); }), 4.0 * rows * pages);
     }
     CUDA_CHECK(cudaStreamDestroy(cap_stream));

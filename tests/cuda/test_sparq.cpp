@@ -77,7 +77,7 @@ struct Input {
         v.k8 = const_cast<uint8_t*>(k8.get());
         v.num_kv_heads = c.hkv;
         v.head_dim = c.d;
-        v.capacity = c.cap;
+        v.capacity = sparq_sketch_capacity(c.cap);
         return v;
     }
 };
@@ -166,24 +166,35 @@ const std::vector<Shape> kShapes = {
     {8, 2, 64, 16, 1000, 8, GqaPolicy::KvSum, 300},     {9, 3, 64, 16, 2047, 4, GqaPolicy::KvMax, 100},
     {12, 3, 64, 32, 3001, 8, GqaPolicy::PerHead, 1000}, {32, 32, 128, 16, 4100, 16, GqaPolicy::KvSum, 2049},
     {56, 8, 128, 16, 5000, 32, GqaPolicy::KvSum, 5000 - 4096},  {8, 2, 64, 16, 1000, 8, GqaPolicy::KvSum, 100},
+    // head_dim 8 (stories260K: 8 heads on 4, one channel), pages below 16 tokens (several pages per thread; a window
+    // whose first page starts 8 tokens into a 16-token load), pages of 256 (16 threads per page), pages of 1.
+    {8, 4, 8, 16, 1000, 8, GqaPolicy::KvSum},        {8, 4, 8, 8, 1003, 8, GqaPolicy::KvMax},
+    {8, 8, 8, 4, 301, 16, GqaPolicy::KvSum},         {32, 8, 128, 8, 3001, 32, GqaPolicy::KvSum},
+    {32, 8, 128, 8, 3001, 32, GqaPolicy::KvMax, 993}, {12, 3, 64, 4, 2001, 16, GqaPolicy::PerHead},
+    {16, 2, 128, 256, 6000, 4, GqaPolicy::KvSum},    {8, 2, 64, 1, 700, 64, GqaPolicy::KvMax},
+    {8, 2, 64, 2, 1001, 32, GqaPolicy::KvSum, 555},
+    // Several scoring blocks per KV head (4096 tokens each) whose partials the shares combine, with and without a
+    // window.
+    {32, 8, 128, 16, 20000, 128, GqaPolicy::KvSum},  {32, 8, 128, 16, 20000, 128, GqaPolicy::KvMax, 9001},
 };
 
 int capacity_for(const Shape& s) { return ((s.len + 40 + s.page_size - 1) / s.page_size) * s.page_size; }
 
 TEST(SparqCuda, SketchIsTheKeysInE4m3) {
     QUEST_REQUIRE_GPU();
-    for (const Shape& s : {kShapes[0], kShapes[4], kShapes[6]}) {
+    for (const Shape& s : {kShapes[0], kShapes[4], kShapes[6], kShapes[16]}) {  // [16]: S = 8, cap not of 16
         SCOPED_TRACE(describe(s));
         const int cap = capacity_for(s);
         Input in = make_input(s, cap, 11);
         const int t0 = 3, t1 = s.len - 1;  // a range that starts and ends inside pages
         sparq_sketch_write(in.sketch(), in.c.view(), t0, t1, nullptr);
         const std::vector<uint8_t> got = in.k8.download();
+        const int kc = sparq_sketch_capacity(cap);
         int saturated = 0;
         for (int h = 0; h < s.num_kv_heads; ++h)
             for (int c = 0; c < s.head_dim; ++c)
-                for (int t = 0; t < cap; ++t) {
-                    const uint8_t b = got[(static_cast<size_t>(h) * s.head_dim + c) * cap + t];
+                for (int t = 0; t < kc; ++t) {
+                    const uint8_t b = got[(static_cast<size_t>(h) * s.head_dim + c) * kc + t];
                     if (t < t0 || t >= t1) {
                         ASSERT_EQ(b, 0xFF) << "token " << t << " outside the range was written";
                         continue;
@@ -267,11 +278,53 @@ TEST(SparqCuda, ScoresAreTheReferenceBits) {
             }
         // The step wrote its token's sketch.
         const std::vector<uint8_t> k8 = in.k8.download();
+        const int kc = sparq_sketch_capacity(cap);
         for (int h = 0; h < s.num_kv_heads; ++h)
             for (int c = 0; c < s.head_dim; ++c)
-                ASSERT_EQ(e4m3_decode(k8[(static_cast<size_t>(h) * s.head_dim + c) * cap + s.len - 1]),
+                ASSERT_EQ(e4m3_decode(k8[(static_cast<size_t>(h) * s.head_dim + c) * kc + s.len - 1]),
                           sparq::e4m3_round(in.c.kh(h)[static_cast<size_t>(s.len - 1) * s.head_dim + c]));
     }
+}
+
+// The shares of rows of several heads (sparq_row_shares, from the scoring blocks' partials) against the CPU's
+// (sparq_page_shares_ref, aggregated in head order): the page values are the same bits on both sides, M_h too; Z_h is
+// summed in another order (per block, then the blocks), so a share is within 1e-5 relative (a few ulps of fp32 sums
+// of up to 1250 terms; exp of the same arguments) of the reference. Entries from the last page on stay unwritten.
+TEST(SparqCuda, SharesAreTheReferenceShares) {
+    QUEST_REQUIRE_GPU();
+    int rows_checked = 0;
+    for (const Shape& s : kShapes) {
+        if (sparq::rows_rank_values(s.policy == GqaPolicy::PerHead, s.num_heads / s.num_kv_heads)) continue;
+        SCOPED_TRACE(describe(s));
+        const int cap = capacity_for(s);
+        Input in = make_input(s, cap, 29);
+        const int mp = in.c.max_pages;
+        DeviceBuffer<float> lse(sparq_workspace_floats(s.num_heads, mp)), scores(static_cast<size_t>(s.num_kv_heads) * mp);
+        lse.fill_bytes(0xFF);
+        scores.fill_bytes(0xFF);
+        sparq_sketch_write(in.sketch(), in.c.view(), 0, s.len - 1, nullptr);
+        const DeviceBuffer<int> pos = position(s.len);
+        sparq_page_lse(lse.get(), in.sketch(), in.dq.get(), view_of(s, in), pos.get(), s.num_heads, s.page_budget,
+                       1.0f / std::sqrt(static_cast<float>(s.head_dim)), nullptr);
+        sparq_row_shares(scores.get(), lse.get(), pos.get(), s.num_heads, s.num_kv_heads, mp, s.page_size,
+                         s.page_budget, s.policy, nullptr, s.window);
+        const std::vector<float> got = scores.download();
+        const int P = (s.len + s.page_size - 1) / s.page_size - first_page(s);
+        for (int r = 0; r < s.num_kv_heads; ++r) {
+            const std::vector<float> want = P > s.page_budget ? reference_row(s, in, r) : std::vector<float>{};
+            for (int p = 0; p < mp; ++p) {
+                const float g = got[static_cast<size_t>(r) * mp + p];
+                if (p >= static_cast<int>(want.size())) {  // the last page, beyond the window's pages, a dense step
+                    ASSERT_TRUE(std::isnan(g)) << "row " << r << " entry " << p << ": written, " << g;
+                    continue;
+                }
+                ASSERT_NEAR(g, want[p], 1e-5f * want[p] + 1e-30f) << "row " << r << " entry " << p;
+            }
+            ++rows_checked;
+        }
+    }
+    std::printf("[sparq shares] %d rows within 1e-5 of the reference\n", rows_checked);
+    EXPECT_GT(rows_checked, 40);
 }
 
 TEST(SparqCuda, DenseStepWritesTheTokenAndNoScores) {
@@ -371,7 +424,8 @@ TEST(SparqCuda, RopeAppendInScoringMatchesSeparateLaunch) {
     const std::vector<Shape> shapes = {
         {32, 8, 128, 16, 16 * 300 + 7, 64, GqaPolicy::KvSum}, {9, 3, 64, 16, 16 * 64, 4, GqaPolicy::KvMax},
         {12, 3, 64, 32, 32 * 40 + 1, 8, GqaPolicy::PerHead},  {8, 2, 64, 16, 16 * 3 + 5, 8, GqaPolicy::KvSum},
-        {56, 8, 128, 16, 16 * 200 + 3, 16, GqaPolicy::KvSum},
+        {56, 8, 128, 16, 16 * 200 + 3, 16, GqaPolicy::KvSum}, {8, 4, 8, 8, 8 * 60 + 3, 8, GqaPolicy::KvSum},
+        {32, 8, 128, 4, 4 * 500 + 1, 64, GqaPolicy::KvMax},
     };
     for (const Shape& s : shapes) {
         SCOPED_TRACE(describe(s));
@@ -435,15 +489,20 @@ TEST(SparqCuda, RopeAppendInScoringMatchesSeparateLaunch) {
 
 TEST(SparqCuda, RefusesWhatItCannotRun) {
     QUEST_REQUIRE_GPU();
-    EXPECT_THROW(require_sparq_supported(64, 8), std::invalid_argument);
     EXPECT_THROW(require_sparq_supported(64, 256), std::invalid_argument);  // head_dim < page size / 2
-    EXPECT_THROW(require_sparq_supported(8, 16), std::invalid_argument);
-    EXPECT_NO_THROW(require_sparq_supported(128, 16));
+    EXPECT_THROW(require_sparq_supported(8, 32), std::invalid_argument);
+    EXPECT_THROW(require_sparq_supported(128, 512), std::invalid_argument);
+    EXPECT_THROW(require_sparq_supported(96, 16), std::invalid_argument);  // not a power of two
+    EXPECT_THROW(require_sparq_supported(4, 8), std::invalid_argument);
+    EXPECT_THROW(require_sparq_supported(64, 12), std::invalid_argument);
+    for (const auto& [d, ps] : std::vector<std::pair<int, int>>{{8, 16}, {8, 1}, {64, 8}, {128, 1}, {128, 256}, {256, 16}})
+        EXPECT_NO_THROW(require_sparq_supported(d, ps)) << "head_dim " << d << " page " << ps;
     const auto demo = test::trained_demo(test::source_dir() / "models/demo");
     if (!demo) GTEST_SKIP() << "SKIPPED: models/demo is absent";
     QuestSettings q;
     q.selector = PageSelector::Sparq;
-    q.page_size = 8;
+    q.page_size = 128;  // the demo's head_dim is 32
+    q.budget = 1024;
     EXPECT_THROW(CudaLlama::from_folder(demo->folder, q, 256), InputError);
 }
 
@@ -455,10 +514,12 @@ TEST(SparqCuda, TrainedModelFollowsCpu) {
     const PasskeyPrompt p = make_passkey_prompt(tok, 1024, 0.5, 12345);
     const int gen = 6;
     const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + gen + 8;
+    for (int page : {16, 8})
     for (bool match : {false, true})
     for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead}) {
+        if (page == 8 && (match || pol != GqaPolicy::KvSum)) continue;  // pages of 8: two per 16-token load
         QuestSettings q;
-        q.page_size = 16;
+        q.page_size = page;
         q.budget = 64;
         q.gqa_policy = pol;
         q.selector = PageSelector::Sparq;
