@@ -43,7 +43,7 @@ TEST(Cli, GenerateOnDemoModel) {
     EXPECT_FALSE(r.out.empty());
     EXPECT_THAT(r.err, HasSubstr("decode: 40 tokens generated"));
     EXPECT_THAT(r.err, HasSubstr("p50"));
-    EXPECT_THAT(r.err, HasSubstr("quest B=32 S=8"));
+    EXPECT_THAT(r.err, HasSubstr("sparq B=32 S=8"));  // the default selector
 }
 
 TEST(Cli, GreedyIsReproducibleAndSeedsToo) {

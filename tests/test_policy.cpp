@@ -576,6 +576,7 @@ TEST(Policy, EngineCountsBytesPerStepByHand) {
     // 3 layers (1 dense), head_dim 8, 2 KV heads, S = 4, B = 12 (K = 3); decode at position 45 -> len 46, P = 12.
     auto w = tiny_weights("policy_bytes");
     QuestSettings q;
+    q.selector = PageSelector::Quest;
     q.page_size = 4;
     q.budget = 12;
     q.dense_layers = 1;
@@ -603,6 +604,7 @@ TEST(Policy, ReuseKeepsTheSelectionWithinAPageAndSkipsTheMetadata) {
     std::vector<int> prompt(61);
     for (int i = 0; i < 61; ++i) prompt[i] = 3 + (i * 29) % 90;
     QuestSettings q;
+    q.selector = PageSelector::Quest;
     q.page_size = 4;
     q.budget = 12;
     q.dense_layers = 1;
@@ -734,7 +736,10 @@ TEST(Policy, PolicySpecsAndSettings) {
     EXPECT_THROW(parse_quest_settings(R"({"metadata": "int2"})", "t.json"), InputError);
     EXPECT_DOUBLE_EQ(parse_policy_spec("quest+r0.95", base).settings.reuse_cos, 0.95);
     EXPECT_EQ(parse_policy_spec("quest+int8+r0.9", base).settings.policy_label(), "quest+int8+r0.9");
-    EXPECT_DOUBLE_EQ(parse_quest_settings(R"({"reuse_cos": 0.8})", "t.json").reuse_cos, 0.8);
+    EXPECT_DOUBLE_EQ(parse_quest_settings(R"({"reuse_cos": 0.8, "selector": "quest"})", "t.json").reuse_cos, 0.8);
+    // A setting the selector does not take is an error, not a no-op (sparq, the default, reads no page bounds).
+    EXPECT_THROW(parse_quest_settings(R"({"metadata": "int4"})", "t.json"), InputError);
+    EXPECT_THROW(parse_quest_settings(R"({"selector": "quest", "sub_page": 8})", "t.json"), InputError);
     EXPECT_THROW(parse_quest_settings(R"({"reuse_cos": 1.5})", "t.json"), InputError);
     EXPECT_EQ(parse_policy_spec("quest+r-1", base).settings.policy_label(), "quest+r-1");
     EXPECT_THROW(parse_quest_settings(R"({"reuse_cos": 0.9, "selector": "streaming"})", "t.json"), InputError);
@@ -944,6 +949,7 @@ TEST(Policy, StepBytesModelEqualsWhatTheCpuCounts) {
             for (GqaPolicy pol : {GqaPolicy::KvMax, GqaPolicy::KvSum, GqaPolicy::PerHead})
                 for (int len : {30, 46, 101, 333}) {
                     QuestSettings q;
+                    q.selector = PageSelector::Quest;
                     q.metadata = f;
                     q.match_bytes = match;
                     q.gqa_policy = pol;

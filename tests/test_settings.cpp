@@ -85,28 +85,39 @@ TEST(Settings, TableHasEveryJsonKeyOnceWithItsDefault) {
     // The compiled-in defaults (configs/quest-default.json) are those of the struct.
     const QuestSettings d = default_quest_settings();
     EXPECT_EQ(d, QuestSettings{});
-    EXPECT_EQ(d.describe(), "quest B=2048 S=16 dense_layers=2 gqa=kv-sum metadata=fp16");
+    EXPECT_EQ(d.describe(), "sparq B=2048 S=16 dense_layers=2 gqa=kv-sum");
 }
 
+// Each setting on the defaults with, where the default selector does not take it, the first selector that does
+// (quest, two-level) set as well: through JSON, the CLI and a policy spec of that selector.
 TEST(Settings, EveryQuestSettingRoundTripsThroughJsonCliAndPolicy) {
-    const QuestSettings defaults = default_quest_settings();
     for (const auto& e : quest_settings_table()) {
         SCOPED_TRACE(e.key);
         ASSERT_TRUE(kSample.count(e.key)) << "no sample value for " << e.key;
         const auto& [json, text] = kSample.at(e.key);
+        QuestSettings defaults = default_quest_settings();
+        for (PageSelector s : {PageSelector::Quest, PageSelector::TwoLevel})
+            if (!e.applies(defaults)) defaults.selector = s;
+        ASSERT_TRUE(e.applies(defaults));
+        const std::string sel(page_selector_name(defaults.selector));
+        const bool sel_moved = defaults.selector != default_quest_settings().selector;
+        const std::string sel_json = sel_moved ? ", \"selector\": \"" + sel + "\"" : "";
+        std::vector<std::string> sel_cli;
+        if (sel_moved) sel_cli = {"--selector", sel};
         // The expected settings: the defaults with this one entry set.
         QuestSettings want = defaults;
         ASSERT_EQ(e.set_text(want, text), "");
         ASSERT_NE(e.get(want), e.get(defaults)) << "the sample must differ from the default";
         EXPECT_EQ(e.text(want), text);
 
-        const QuestSettings via_json =
-            parse_quest_settings("{\"" + std::string(e.key) + "\": " + json + "}", "t.json", defaults);
+        const QuestSettings via_json = parse_quest_settings(
+            "{\"" + std::string(e.key) + "\": " + json + sel_json + "}", "t.json", default_quest_settings());
         EXPECT_EQ(via_json, want);
 
-        const QuestSettings via_cli =
-            e.kind == SettingKind::Bool ? from_cli({e.flag}) : from_cli({e.flag, text});
-        EXPECT_EQ(via_cli, want);
+        std::vector<std::string> args = sel_cli;
+        args.push_back(e.flag);
+        if (e.kind != SettingKind::Bool) args.push_back(text);
+        EXPECT_EQ(from_cli(args), want);
 
         if (std::string(e.key) == "selector") {
             EXPECT_EQ(parse_policy(text, defaults), want);
@@ -115,7 +126,7 @@ TEST(Settings, EveryQuestSettingRoundTripsThroughJsonCliAndPolicy) {
             const std::string opt = e.kind == SettingKind::Enum ? text
                                     : e.kind == SettingKind::Bool ? std::string(e.token)
                                                                   : e.token + text;
-            const std::string spec = "quest+" + opt;
+            const std::string spec = sel + "+" + opt;
             EXPECT_EQ(parse_policy(spec, defaults), want) << spec;
             if (e.applies(want)) {
                 EXPECT_EQ(want.policy_label(), spec);

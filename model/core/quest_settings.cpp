@@ -31,6 +31,11 @@ void QuestSettings::validate() const {
     if (!(reuse_cos >= -1.0 && reuse_cos <= 1.0)) bad("reuse_cos must be in [-1, 1] (0: off), got " + std::to_string(reuse_cos));
     if (reuse_cos != 0 && !takes(kUsesReuse)) bad("reuse_cos (selection reuse) does not apply to the " + sel + " selector");
     if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
+    // A setting the selector does not take, changed from its default, would do nothing: an error, naming who takes it.
+    const QuestSettings d;
+    for (const auto& e : quest_settings_table())
+        if (!e.applies(*this) && e.get(*this) != e.get(d))
+            bad(std::string(e.key) + " does not apply to the " + sel + " selector (" + e.help + ")");
     if (takes(kUsesSubPages) &&
         (sub_page < 1 || sub_page >= page_size || (sub_page & (sub_page - 1)) != 0))
         bad("sub_page must be a power of two smaller than the page size (" + std::to_string(page_size) + "), got " +

@@ -21,7 +21,8 @@ struct QuestSettings {
     int page_size = 16;           // S: tokens per KV page (also the granularity of the page metadata)
     int dense_layers = 2;         // layers [0, dense_layers) always use full attention
     GqaPolicy gqa_policy = GqaPolicy::KvSum;   // docs/quest.md: why kv-sum
-    PageSelector selector = PageSelector::Quest;  // quest (the paper), streaming (baseline), oracle (evaluation),
+    PageSelector selector = PageSelector::Sparq;  // sparq (token sketch; docs/quest.md: why the default), quest
+                                                  // (the paper), streaming (baseline), oracle (evaluation),
                                                   // two-level (coarse shortlist, sub-page re-rank)
     MetadataFormat metadata = MetadataFormat::Fp16;  // page bounds read by quest / two-level: fp16 (exact), int8, int4
     int shortlist = 4;        // two-level: pages shortlisted = shortlist * (K - 1)

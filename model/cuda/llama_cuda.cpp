@@ -60,6 +60,9 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
         throw InputError("metadata '" + std::string(metadata_format_name(quest_.metadata)) +
                          "': the CUDA page codes need head_dim a power of two in [8, 256] (int4: >= 16), got " +
                          std::to_string(c.head_dim));
+    if (o.quest_fused && !quest_.full_attention && quest_.selector != PageSelector::Quest)
+        throw InputError("--quest-fused: the fused scoring + top-k is the quest selector's, not " +
+                         std::string(page_selector_name(quest_.selector)) + "'s (add --selector quest)");
     if (o.quest_fused && (uses_page_codes(quest_) || settings_match(c, quest_).on()))
         throw InputError("--quest-fused: the fused scoring + top-k reads fp16 metadata and K pages; it does not run "
                          "with --metadata int8|int4 or --match-bytes");

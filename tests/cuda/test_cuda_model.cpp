@@ -158,6 +158,7 @@ TEST(CudaModel, SlidingWindowQuestFollowsCpu) {
         const auto steps = test::reference_ids(dir / "reference.safetensors", "decode_ids");
         const int cap = int(prompt.size() + steps.size());
         QuestSettings q;
+        q.selector = PageSelector::Quest;  // sparq in a window: SelectorParity.EverySelectorFollowsCpuInASlidingWindow
         q.page_size = 8;
         q.budget = 16;
         q.dense_layers = c.attention_window(0) > 0 ? 0 : 1;  // Quest in every windowed layer
@@ -250,6 +251,7 @@ TEST(CudaModel, MultiTurnPrefillAfterDecodeFollowsCpu) {
         const std::string name(gqa_policy_name(policy));
         SCOPED_TRACE(name);
         QuestSettings q;
+        q.selector = PageSelector::Quest;  // sparq against the CPU: tests/cuda/test_sparq.cpp
         q.page_size = 16;
         q.budget = 64;
         q.gqa_policy = policy;
@@ -371,6 +373,7 @@ TEST(CudaModel, TrainedDemoPasskeyProtocolFollowsCpu) {
         const PasskeyPrompt p = make_passkey_prompt(tok, c.context, 0.5, 12345);
         const int cap = static_cast<int>(p.prefill.size() + p.question.size()) + 8;
         QuestSettings q;
+        q.selector = PageSelector::Quest;  // sparq: SparqCuda.TrainedModelFollowsCpu
         q.page_size = 16;
         q.budget = c.budget > 0 ? c.budget : 64;
         q.full_attention = c.budget == 0;

@@ -28,6 +28,7 @@ TEST(CudaModel, GroupOfThreeFollowsCpu) {
     for (const bool full : {true, false}) {
         SCOPED_TRACE(full ? "full attention" : "quest B=256");
         QuestSettings q;
+        q.selector = PageSelector::Quest;  // sparq with groups of three: SparqCuda (the {9, 3} shapes), SelectorParity
         q.full_attention = full;
         q.budget = 256;
         q.dense_layers = 1;

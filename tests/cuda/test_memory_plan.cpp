@@ -20,7 +20,8 @@ TEST(CudaMemoryPlan, AllocationIsThePlan) {
         QuestSettings q;
         CudaOptions o;
     };
-    std::vector<Case> cases(6);
+    std::vector<Case> cases(7);
+    for (Case& k : cases) k.q.selector = PageSelector::Quest;
     cases[0].what = "fp16 quest";
     cases[1].what = "int4 quest";
     cases[1].o.weights = WeightRequest::int4(128);
@@ -33,6 +34,8 @@ TEST(CudaMemoryPlan, AllocationIsThePlan) {
     cases[4].q.match_bytes = true;
     cases[5].what = "recorded selections";
     cases[5].o.record_selections = true;
+    cases[6].what = "sparq (the default): the fp8 key sketch";
+    cases[6].q.selector = PageSelector::Sparq;
     for (auto& k : cases) {
         SCOPED_TRACE(k.what);
         k.q.budget = 256;

@@ -766,6 +766,7 @@ TEST(PageCodesCuda, RejectsBadArguments) {
 // ---------------------------------------------------------------------------------------------------------------------
 QuestSettings code_settings(MetadataFormat f, bool match, int budget) {
     QuestSettings q;
+    q.selector = PageSelector::Quest;  // the selector of the page codes
     q.page_size = 16;
     q.budget = budget;
     q.metadata = f;
@@ -912,6 +913,7 @@ TEST(PageCodesCuda, BackendRefusesWhatItDoesNotRun) {
     CudaOptions fused;
     fused.quest_fused = true;
     refused(code_settings(MetadataFormat::Int8, false, 64), "--quest-fused", fused);
+    refused(QuestSettings{}, "--selector quest", fused);  // the default selector, sparq, has no fused launch
     EXPECT_NO_THROW(CudaLlama::from_folder(m, code_settings(MetadataFormat::Int4, true, 64), 256));
 }
 

@@ -410,6 +410,7 @@ TEST(PageOracleCuda, MemoryPlanCountsTheWorkspace) {
             "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 1000, "max_position_embeddings": 8192})",
         "inline");
     QuestSettings q;
+    q.selector = PageSelector::Quest;  // no selector workspace
     q.page_size = 16;
     q.budget = 256;
     const size_t quest_ws = plan_memory(c, q, 8192, {}).workspace;

@@ -111,6 +111,7 @@ QuestSettings full() {
 // Pages of 4, a budget of 2 pages, Quest from layer 1: the fixtures' short contexts select.
 QuestSettings small_quest() {
     QuestSettings s;
+    s.selector = PageSelector::Quest;
     s.page_size = 4;
     s.budget = 8;
     s.dense_layers = 1;

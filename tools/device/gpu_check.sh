@@ -8,8 +8,9 @@
 #          against the new one, alternated in AB_ROUNDS rounds (default 2) in this one call, so that the machine's
 #          own drift (3-4% between H200s) does not enter the comparison. AB_ROWS: rows "weights context budget",
 #          separated by ';' (default: int4 32768 2048; int4 32768 full; int4 4096 2048; fp16 32768 2048); AB_NEW_ARGS:
-#          extra bench flags for the new binary only (e.g. a switch that turns the change on). Prints p50 ms per round
-#          and the change of the median.
+#          extra bench flags for the new binary only (e.g. a switch that turns the change on); AB_ARGS: flags for both
+#          (name the selector, AB_ARGS="--selector quest", when the old binary predates sparq as the default). Prints
+#          p50 ms per round and the change of the median.
 set -u
 . "$(dirname "$0")/env.sh"
 OUT=${OUT:-/tmp/quest-out}
@@ -109,7 +110,7 @@ for s in $stages; do
       "$BIN/quest_kernel_bench" quest --json "$OUT/kernels-quest.json" > "$OUT/kernels-quest.log" 2>&1
       summary+=("quest kernel bench: rc=$?")
       "$BIN/quest" bench -m configs/llama2-7b.json --random-weights --backend cuda --contexts 4096,32768 \
-        --budgets 2048 --steps 64 --warmup 8 --page-size 16 --quest-fused --json "$OUT/bench-fused.json" \
+        --budgets 2048 --steps 64 --warmup 8 --page-size 16 --selector quest --quest-fused --json "$OUT/bench-fused.json" \
         > "$OUT/bench-fused.log" 2>&1
       summary+=("bench --quest-fused: rc=$?")
       ;;
@@ -131,8 +132,8 @@ for s in $stages; do
         olds=() news=()
         for r in $(seq "${AB_ROUNDS:-2}"); do
           for side in old new; do
-            bin=$BIN/quest extra=${AB_NEW_ARGS:-}
-            [ $side = old ] && { bin=$PWD/.device-old/quest; extra=; }
+            bin=$BIN/quest extra="${AB_ARGS:-} ${AB_NEW_ARGS:-}"
+            [ $side = old ] && { bin=$PWD/.device-old/quest; extra=${AB_ARGS:-}; }
             log="$OUT/ab-$side-$w-$ctx-$budget-$r.log"
             # shellcheck disable=SC2086
             timeout 120 "$bin" bench -m configs/llama2-7b.json --random-weights --backend cuda --weights "$w"               --contexts "$ctx" --budgets "$budget" --steps 64 --warmup 8 $extra > "$log" 2>&1
