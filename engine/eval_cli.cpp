@@ -25,7 +25,7 @@ namespace {
 struct EvalFlags {
     std::string model, contexts = "1024,4096", budgets = "full,32,64,128", json, plot, text, compare;
     int samples = 10, window = 0, max_tokens = 0;
-    std::string set, policies = "quest";
+    std::string set, policies;  // empty: the policy of the settings (the default selector unless --selector says)
     int jsonl_samples = 0;
     bool diagnostics = false;
     uint64_t seed = 1;
@@ -112,9 +112,10 @@ EvalCommand add_eval_command(CLI::App& parent) {
     jsonl->add_option("--set", flags->set, "JSONL set (prefill_ids, question_ids, answer)")->required();
     jsonl->add_option("--samples", flags->jsonl_samples, "the first N prompts (default: all)");
     jsonl->add_option("--policies", flags->policies,
-                      "comma-separated policies name[+opt...]: quest, streaming, oracle, two-level; opts " +
-                          policy_options_help() + " (e.g. two-level+s4+x4,quest+int8+S8,quest+int4+m,quest+r0.5)")
-        ->capture_default_str();
+                      "comma-separated policies name[+opt...]: sparq, quest, streaming, oracle, two-level; opts " +
+                          policy_options_help() +
+                          " (e.g. sparq+m,two-level+s4+x4,quest+int8+S8,quest+int4+m,quest+r0.5; default: the "
+                          "settings' own, the default selector unless --selector names another)");
     cmd.run = [flags, passkey, jsonl]() -> int {
         const EvalFlags& f = *flags;
         if (passkey->parsed() && !f.plot.empty()) check_plot_dependency();  // before the run, not after it
@@ -158,7 +159,7 @@ EvalCommand add_eval_command(CLI::App& parent) {
             r.set = f.set;
             r.samples = f.jsonl_samples;
             r.budgets = parse_int_list(f.budgets, "--budgets", true);
-            std::stringstream ss(f.policies);
+            std::stringstream ss(f.policies.empty() ? base.policy_label() : f.policies);
             for (std::string item; std::getline(ss, item, ',');) r.policies.push_back(item);
             r.diagnostics = f.diagnostics;
             r.base = base;

@@ -320,6 +320,27 @@ TEST(Cli, HelpShowsEverySettingsDefault) {
     EXPECT_THAT(eval.out, ::testing::Not(HasSubstr("--budget ")));
 }
 
+// `quest eval jsonl` without --policies runs the settings' own policy: the default selector, or --selector's.
+TEST(Cli, EvalJsonlRunsTheDefaultSelectorWithoutPolicies) {
+    const auto dir = test::temp_dir("cli_jsonl_default");
+    {
+        std::ofstream f(dir / "set.jsonl");
+        f << R"({"id": "s0", "context": 120, "answer": "42", "prefill_ids": [1)";
+        for (int t = 0; t < 110; ++t) f << ", " << 3 + (t * 13) % 90;
+        f << R"(], "question_ids": [7, 8, 9], "answer_ids": [5, 6]})" << "\n";
+    }
+    const std::string base = "eval jsonl -m '" + test::demo_model_dir().string() + "' --set '" +
+                             (dir / "set.jsonl").string() + "' --budgets 32 --page-size 8";
+    const RunResult def = run_quest(base);
+    ASSERT_EQ(def.exit_code, 0) << def.err;
+    EXPECT_THAT(def.out, HasSubstr(" sparq+S8 "));
+    EXPECT_THAT(def.out, ::testing::Not(HasSubstr(" quest+S8 ")));
+    const RunResult q = run_quest(base + " --selector quest");
+    ASSERT_EQ(q.exit_code, 0) << q.err;
+    EXPECT_THAT(q.out, HasSubstr(" quest+S8 "));
+    EXPECT_THAT(q.out, ::testing::Not(HasSubstr(" sparq+S8 ")));
+}
+
 // ---------------------------------------------------------------------------------------------------------------------
 // The front door: bad input is one line `error: ...` naming the file or flag, exit 2, nothing written
 // ---------------------------------------------------------------------------------------------------------------------
