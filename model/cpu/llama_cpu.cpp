@@ -27,7 +27,8 @@ CpuLlama::CpuLlama(std::shared_ptr<const LlamaWeightsF32> weights, const QuestSe
     if (!quest_.full_attention && quest_.selector == PageSelector::Sparq &&
         !sparq::supported(w_->config.head_dim, quest_.page_size))
         throw InputError("selector 'sparq': needs head_dim a multiple of 8 and at least half the page size (head_dim " +
-                         std::to_string(w_->config.head_dim) + ", page size " + std::to_string(quest_.page_size) + ")");
+                         std::to_string(w_->config.head_dim) + ", page size " + std::to_string(quest_.page_size) +
+                         "): a smaller --page-size, or --selector quest");
     logits_.resize(w_->config.vocab_size);
 }
 

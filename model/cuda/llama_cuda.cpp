@@ -70,7 +70,7 @@ CudaLlama::CudaLlama(const ModelConfig& c, const QuestSettings& q, int capacity,
         try {
             require_sparq_supported(c.head_dim, quest_.page_size);
         } catch (const std::invalid_argument& e) {
-            throw InputError(std::string("selector 'sparq': ") + e.what());
+            throw InputError(std::string("selector 'sparq': ") + e.what() + "; --selector quest runs it");
         }
     }
     match_ = settings_match(c, quest_);
