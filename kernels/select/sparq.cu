@@ -4,8 +4,8 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -65,13 +65,18 @@ constexpr int kMaxPage = 256;                    // the largest page size (Quest
 
 // Partial slots per head (above every scoring block's index): block b starts at a token >= b * kBlockTokens below
 // the complete tokens, (max_pages - 1) * S <= (max_pages - 1) * kMaxPage.
-QUEST_HD inline int parts_per_head(int max_pages) { return (max_pages - 1) * (kMaxPage / 16) / (kBlockTokens / 16) + 1; }
+QUEST_HD inline int parts_per_head(int max_pages) { return (max_pages - 1) / (kBlockTokens / kMaxPage) + 1; }
 // Where the partials start in the workspace, in floats: after the page values, 8-byte aligned for float2.
 inline size_t parts_offset(int num_heads, int max_pages) {
     return (static_cast<size_t>(num_heads) * static_cast<size_t>(max_pages) + 1) / 2 * 2;
 }
 // The first scoring block's first token: the window's first page's token rounded down to a multiple of kTok.
 QUEST_HD inline int scoring_origin(int f, int page_size) { return (f * page_size) & ~(kTok - 1); }
+// The scoring blocks of a selecting step with P pages from the window's first page f on: those holding a token of a
+// complete page (the blocks of the grid beyond them score nothing).
+QUEST_HD inline int scoring_blocks(int P, int f, int page_size) {
+    return ((P - 1) * page_size - scoring_origin(f, page_size) + kBlockTokens - 1) / kBlockTokens;
+}
 
 struct SparqRope {
     const float* qkv = nullptr;  // [q_dim | kv_dim | kv_dim] fp32, or null: q is read, the append was done before
@@ -276,8 +281,7 @@ __global__ void __launch_bounds__(kThreads) sparq_scores_kernel(ScoreOut o, uint
     const int P = (len + page_size - 1) / page_size;
     const int f = window_start_of(len, kv.window) / page_size;  // the window's first page (0 without one)
     const bool scoring = P - f > page_budget && P <= kv.max_pages &&  // a selecting step inside the cache, and this
-                         scoring_origin(f, page_size) + static_cast<int>(blockIdx.x) * kBlockTokens <
-                             (P - 1) * page_size;  // block holds candidates
+                         static_cast<int>(blockIdx.x) < scoring_blocks(P, f, page_size);  // block holds candidates
     if (scoring && blockIdx.x == 0)  // the last page is no candidate: no share of the normalisation
         for (int g = tid; g < G; g += kThreads)
             o.lse[static_cast<size_t>(kvh * G + g) * kv.max_pages + (P - 1 - f)] = -INFINITY;
@@ -338,7 +342,7 @@ __global__ void __launch_bounds__(kSharesThreads) sparq_shares_kernel(float* __r
     const int p0 = static_cast<int>(blockIdx.x) * kSharesPages;
     if (p0 >= P - 1) return;
     const int G = num_heads / num_kv_heads, r = blockIdx.y, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int blocks = ((P_all - 1) * page_size - scoring_origin(f, page_size) + kBlockTokens - 1) / kBlockTokens;
+    const int blocks = scoring_blocks(P_all, f, page_size);
     const int stride = parts_per_head(max_pages);
     for (int g = warp; g < G; g += kSharesThreads / 32) {
         const float2* ph = parts + static_cast<size_t>(r * G + g) * stride;

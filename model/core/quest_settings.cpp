@@ -26,10 +26,7 @@ void QuestSettings::validate() const {
     if (dense_layers < 0) bad("dense_layers must be >= 0, got " + std::to_string(dense_layers));
     if (!(mass_target >= 0.0 && mass_target <= 1.0)) bad("mass_target must be in [0, 1] (0: off), got " + std::to_string(mass_target));
     const std::string sel(page_selector_name(selector));
-    if (mass_target > 0 && !takes(kUsesMassTarget)) bad("mass_target (the adaptive budget) does not apply to the " + sel + " selector");
-    if (match_bytes && !takes(kUsesMatchBytes)) bad("match_bytes does not apply to the " + sel + " selector");
     if (!(reuse_cos >= -1.0 && reuse_cos <= 1.0)) bad("reuse_cos must be in [-1, 1] (0: off), got " + std::to_string(reuse_cos));
-    if (reuse_cos != 0 && !takes(kUsesReuse)) bad("reuse_cos (selection reuse) does not apply to the " + sel + " selector");
     if (shortlist < 1 || shortlist > 1024) bad("shortlist must be between 1 and 1024, got " + std::to_string(shortlist));
     // A setting the selector does not take, changed from its default, would do nothing: an error, naming who takes it.
     const QuestSettings d;
